@@ -1,0 +1,39 @@
+# The two commands for a newcomer: `make demo` and `make test`.
+# Both install what they need into .venv on a fresh machine.
+PY ?= python3.11
+VENV := .venv
+VPY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+TF_VERSION ?= 2.21.0
+DALI_VERSION ?= 2.4.0
+export TF_CPP_MIN_LOG_LEVEL ?= 2
+
+.PHONY: install test test-fast demo gpu-check bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	$(PY) -m venv $(VENV)
+	$(VPY) -m pip install -q --upgrade pip
+	# 1. TensorFlow first: the DALI TF plugin is compiled against it.
+	$(VPY) -m pip install -q "tensorflow==$(TF_VERSION)" "nvidia-dali-cuda120==$(DALI_VERSION)"
+	# 2. The plugin (an sdist, about a minute of g++), against the installed TF.
+	$(VPY) -m pip install -q --no-build-isolation "nvidia-dali-tf-plugin-cuda120==$(DALI_VERSION)"
+	# 3. The project, editable, with its test and benchmark extras.
+	$(VPY) -m pip install -q -e ".[test,bench]"
+	touch $(STAMP)
+
+test: install
+	$(VPY) -m pytest -q -ra
+
+demo: install
+	$(VPY) -m dali_loader.cli demo
+
+bench: install
+	$(VPY) benchmarks/bench_local.py
+
+gpu-check: install
+	bash benchmarks/gpu_check.sh
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,342 @@
+"""Side-by-side benchmark: the seed's tf.data pipeline, tuned tf.data and this loader.
+
+Every pipeline feeds the same synthetic training step (``time.sleep(step_time)`` per batch, standing
+in for the GPU: it takes wall time but no CPU). Pipelines run in alternating rounds in one process.
+Per run we record images/s, step time (wall time per batch), the input-wait fraction (time spent
+waiting for the next batch over total step time: the TF profiler's measure, >5% moderately and >20%
+highly input-bound) and CPU utilisation (process CPU time over wall time x cores).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import resource
+import statistics
+import time
+from typing import Any, Callable, Iterable, Sequence
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["RunStats", "timed_epoch", "input_bound_class", "summarize", "run_bench",
+           "write_results", "plot_throughput", "write_tensorboard", "gpu_available"]
+
+
+@dataclasses.dataclass
+class RunStats:
+    """One pass of one pipeline."""
+
+    pipeline: str
+    round: int
+    images: int
+    batches: int
+    wall_s: float
+    wait_s: float
+    cpu_s: float
+    cores: int
+
+    @property
+    def img_s(self) -> float:
+        return self.images / self.wall_s if self.wall_s > 0 else 0.0
+
+    @property
+    def step_ms(self) -> float:
+        return 1000 * self.wall_s / self.batches if self.batches else 0.0
+
+    @property
+    def input_wait_pct(self) -> float:
+        return 100 * self.wait_s / self.wall_s if self.wall_s > 0 else 0.0
+
+    @property
+    def cpu_util_pct(self) -> float:
+        return 100 * self.cpu_s / (self.wall_s * self.cores) if self.wall_s > 0 else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d.update(img_s=self.img_s, step_ms=self.step_ms, input_wait_pct=self.input_wait_pct,
+                 cpu_util_pct=self.cpu_util_pct)
+        return d
+
+
+def input_bound_class(wait_pct: float) -> str:
+    """The TF profiler's reading of the input-wait percentage."""
+    if wait_pct > 20:
+        return "highly input-bound"
+    if wait_pct > 5:
+        return "moderately input-bound"
+    return "not input-bound"
+
+
+def _cpu_time() -> float:
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
+
+
+def _num_images(batch: Any) -> int:
+    images = batch[0] if isinstance(batch, (tuple, list)) else batch
+    return int(images.shape[0])
+
+
+def timed_epoch(name: str, data: Iterable, step_time: float, max_batches: int | None = None,
+                round_index: int = 0, on_batch: Callable[[], None] | None = None) -> RunStats:
+    """Iterates ``data`` once with a synthetic ``step_time`` step after each batch.
+
+    Args:
+        name: the pipeline's label.
+        data: an iterable of ``(images, labels)`` batches (tf.data or this loader).
+        step_time: seconds slept per batch (the stand-in for the GPU step).
+        max_batches: stop after this many batches (None = the whole epoch).
+        round_index: recorded in the result.
+        on_batch: called after each step (progress bars).
+    """
+    if step_time < 0:
+        raise ValueError(f"step_time must be >= 0. Received: step_time={step_time}")
+    cores = os.cpu_count() or 1
+    images = batches = 0
+    wait = 0.0
+    c0, t0 = _cpu_time(), time.perf_counter()
+    it = iter(data)
+    while max_batches is None or batches < max_batches:
+        w0 = time.perf_counter()
+        try:
+            batch = next(it)
+        except StopIteration:
+            break
+        wait += time.perf_counter() - w0
+        images += _num_images(batch)
+        batches += 1
+        if step_time:
+            time.sleep(step_time)
+        if on_batch:
+            on_batch()
+    wall = time.perf_counter() - t0
+    return RunStats(name, round_index, images, batches, wall, wait, _cpu_time() - c0, cores)
+
+
+def summarize(runs: Sequence[RunStats]) -> list[dict[str, Any]]:
+    """Per pipeline: median over rounds, plus the first round (cold caches) separately."""
+    out = []
+    for name in dict.fromkeys(r.pipeline for r in runs):
+        rs = sorted((r for r in runs if r.pipeline == name), key=lambda r: r.round)
+        med = lambda f: statistics.median(f(r) for r in rs)  # noqa: E731
+        wait = med(lambda r: r.input_wait_pct)
+        out.append({"pipeline": name, "rounds": len(rs), "images": rs[0].images,
+                    "img_s": med(lambda r: r.img_s), "first_round_img_s": rs[0].img_s,
+                    "step_ms": med(lambda r: r.step_ms), "input_wait_pct": wait,
+                    "cpu_util_pct": med(lambda r: r.cpu_util_pct),
+                    "input_bound": input_bound_class(wait)})
+    return out
+
+
+def gpu_available() -> bool:
+    """True when DALI sees a CUDA device."""
+    try:
+        from nvidia.dali.backend import GetCUDADeviceCount
+
+        return GetCUDADeviceCount() > 0
+    except Exception:
+        return False
+
+
+def _pipelines(source: str, batch_size: int, image_size: Sequence[int],
+               cache_dir: str | None, include: Sequence[str] | None
+               ) -> tuple[dict[str, Any], dict[str, str], list[Any]]:
+    """Builds the pipelines; returns (name -> iterable, name -> skip reason, closers)."""
+    from dali_loader.baselines import seed_pipeline, tuned_pipeline
+
+    pipes: dict[str, Any] = {}
+    skipped: dict[str, str] = {}
+    closers: list[Any] = []
+    want = lambda n: include is None or n in include  # noqa: E731
+    if want("seed"):
+        pipes["seed"] = seed_pipeline(source, batch_size=batch_size, image_size=image_size)[0]
+    if want("tuned"):
+        pipes["tuned"] = tuned_pipeline(source, batch_size=batch_size, image_size=image_size,
+                                        seed=0)
+    devices = ["cpu"] + (["gpu"] if gpu_available() else [])
+    for dev in devices:
+        name = f"loader-{dev}"
+        if not want(name) and not want("loader"):
+            continue
+        try:
+            from dali_loader.loader import open_loader
+
+            loader = open_loader(source, batch_size=batch_size, image_size=tuple(image_size),
+                                 shuffle=True, seed=0, device=dev,
+                                 cache_dir=None if cache_dir is None else
+                                 os.path.join(cache_dir, dev))
+        except Exception as exc:  # a missing loader or device must not kill the other rows
+            skipped[name] = f"{type(exc).__name__}: {exc}"
+            logger.warning("Skipping %s: %s", name, skipped[name])
+            continue
+        pipes[name] = loader
+        closers.append(loader)
+    if "gpu" not in devices:
+        skipped["loader-gpu"] = "no GPU visible"
+    return pipes, skipped, closers
+
+
+def run_bench(source: str, *, step_time: float = 0.0, batch_size: int = 128,
+              image_size: Sequence[int] = (244, 244), rounds: int = 2,
+              max_batches: int | None = None, cache_dir: str | None = None,
+              include: Sequence[str] | None = None, progress: bool = True) -> dict[str, Any]:
+    """Runs every pipeline ``rounds`` times, alternating (order reversed on odd rounds).
+
+    Returns:
+        A JSON-ready dict: settings, every run, the per-pipeline summary and skipped rows.
+    """
+    if rounds <= 0:
+        raise ValueError(f"rounds must be positive. Received: rounds={rounds}")
+    if max_batches is not None and max_batches <= 0:
+        raise ValueError(f"max_batches must be positive. Received: max_batches={max_batches}")
+    import tempfile
+
+    tmp = None
+    if cache_dir is None and str(source).startswith("gs://"):
+        tmp = tempfile.TemporaryDirectory(prefix="dali-bench-cache-")
+        cache_dir = tmp.name
+    pipes, skipped, closers = _pipelines(source, batch_size, image_size, cache_dir, include)
+    runs: list[RunStats] = []
+    try:
+        for r in range(rounds):
+            order = list(pipes) if r % 2 == 0 else list(pipes)[::-1]
+            for name in order:
+                bar = _bar(progress, f"round {r + 1}/{rounds} {name}", max_batches or
+                           _safe_len(pipes[name]))
+                stats = timed_epoch(name, pipes[name], step_time, max_batches, r,
+                                    on_batch=bar.update if bar is not None else None)
+                if bar is not None:
+                    bar.close()
+                logger.info("round %d %-11s %7.1f img/s  wait %4.1f%%  cpu %3.0f%%", r + 1,
+                            name, stats.img_s, stats.input_wait_pct, stats.cpu_util_pct)
+                runs.append(stats)
+    finally:
+        for c in closers:
+            c.close()
+        if tmp is not None:
+            tmp.cleanup()
+    return {"source": str(source), "step_time": step_time, "batch_size": batch_size,
+            "image_size": list(image_size), "rounds": rounds, "max_batches": max_batches,
+            "cores": os.cpu_count() or 1, "gpu": gpu_available(),
+            "runs": [r.to_dict() for r in runs], "summary": summarize(runs), "skipped": skipped}
+
+
+def _safe_len(x: Any) -> int | None:
+    try:
+        n = len(x)
+        return int(n) if n >= 0 else None
+    except Exception:
+        return None
+
+
+def _bar(enabled: bool, desc: str, total: int | None):
+    if not enabled:
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    return tqdm(total=total, desc=desc, unit="batch", leave=False)
+
+
+def results_markdown(res: dict[str, Any]) -> str:
+    """The summary as a Markdown table."""
+    lines = ["| pipeline | images/s | first round images/s | step time (ms) | input wait | "
+             "CPU utilisation | reading |", "|---|---:|---:|---:|---:|---:|---|"]
+    for s in res["summary"]:
+        lines.append(f"| {s['pipeline']} | {s['img_s']:.1f} | {s['first_round_img_s']:.1f} | "
+                     f"{s['step_ms']:.0f} | {s['input_wait_pct']:.1f}% | "
+                     f"{s['cpu_util_pct']:.0f}% | {s['input_bound']} |")
+    base = {s["pipeline"]: s["img_s"] for s in res["summary"]}
+    note = (f"\n{res['cores']} cores, batch {res['batch_size']}, image size "
+            f"{res['image_size'][0]}x{res['image_size'][1]}, synthetic step "
+            f"{res['step_time']:g} s/batch, {res['rounds']} alternating rounds (median).")
+    for name in base:
+        if name.startswith("loader") and base.get("seed"):
+            note += f" {name}/seed = {base[name] / base['seed']:.2f}x."
+    for name, why in res.get("skipped", {}).items():
+        note += f" {name} not run: {why}."
+    return "\n".join(lines) + "\n" + note + "\n"
+
+
+def plot_throughput(res: dict[str, Any], path: str) -> str:
+    """Writes a two-panel bar chart (images/s; input-wait % with the 5/20% lines) to ``path``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    summ = res["summary"]
+    names = [s["pipeline"] for s in summ]
+    colors = ["#9e9e9e" if n == "seed" else "#6c8ebf" if n == "tuned" else "#76b900"
+              for n in names]
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.8))
+    y = range(len(names))
+    a1.barh(y, [s["img_s"] for s in summ], color=colors)
+    for i, s in enumerate(summ):
+        a1.text(s["img_s"], i, f" {s['img_s']:.0f}", va="center")
+    a1.set_yticks(list(y), names)
+    a1.invert_yaxis()
+    a1.set_xlabel("images/s (higher is better)")
+    a1.set_xlim(0, max(s["img_s"] for s in summ) * 1.25 or 1)
+    a1.set_title("Throughput")
+    a2.barh(y, [s["input_wait_pct"] for s in summ], color=colors)
+    for i, s in enumerate(summ):
+        a2.text(s["input_wait_pct"], i, f" {s['input_wait_pct']:.0f}%", va="center")
+    a2.axvline(5, ls="--", c="orange", lw=1)
+    a2.axvline(20, ls="--", c="red", lw=1)
+    a2.set_yticks(list(y), names)
+    a2.invert_yaxis()
+    a2.set_xlim(0, 105)
+    a2.set_xlabel("% of step time waiting for input (lower is better)")
+    a2.set_title("Input wait (dashed: >5% moderately, >20% highly input-bound)", fontsize=10)
+    fig.suptitle(f"{res['source']}  |  batch {res['batch_size']}, step {res['step_time']:g} s, "
+                 f"{res['cores']} cores", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def write_tensorboard(res: dict[str, Any], logdir: str) -> None:
+    """Writes per-round scalars, one run directory per pipeline."""
+    import tensorflow as tf
+
+    def scalar(tag: str, value: float, step: int) -> None:
+        try:
+            tf.summary.scalar(tag, value, step=step)
+        except Exception:  # TensorBoard not installed: write the same scalar summary by hand
+            from tensorflow.core.framework import summary_pb2
+
+            md = summary_pb2.SummaryMetadata()
+            md.plugin_data.plugin_name = "scalars"
+            md.data_class = summary_pb2.DATA_CLASS_SCALAR
+            tf.summary.write(tag, tf.constant(float(value), tf.float32), step=step, metadata=md)
+
+    for name in dict.fromkeys(r["pipeline"] for r in res["runs"]):
+        writer = tf.summary.create_file_writer(os.path.join(logdir, name))
+        with writer.as_default():
+            for r in (r for r in res["runs"] if r["pipeline"] == name):
+                for key in ("img_s", "step_ms", "input_wait_pct", "cpu_util_pct"):
+                    scalar(f"input/{key}", r[key], r["round"])
+        writer.flush()
+        writer.close()
+
+
+def write_results(res: dict[str, Any], out_dir: str, tensorboard: str | None = None
+                  ) -> dict[str, str]:
+    """Writes results.json, results.md and throughput.png to ``out_dir``; returns their paths."""
+    os.makedirs(out_dir, exist_ok=True)
+    paths = {k: os.path.join(out_dir, f) for k, f in
+             (("json", "results.json"), ("md", "results.md"), ("png", "throughput.png"))}
+    with open(paths["json"], "w") as f:
+        json.dump(res, f, indent=2)
+    with open(paths["md"], "w") as f:
+        f.write(results_markdown(res))
+    plot_throughput(res, paths["png"])
+    if tensorboard:
+        write_tensorboard(res, tensorboard)
+        paths["tensorboard"] = tensorboard
+    return paths

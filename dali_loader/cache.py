@@ -1,0 +1,293 @@
+"""A bounded, verified, multi-process-safe local disk cache for remote objects.
+
+Layout under ``root``::
+
+    v1/objects/ab/ab12...   one file per object: header + payload
+    v1/tmp/                 temp files being written (pid in the name)
+    v1/lock                 fcntl lock, held only for bookkeeping and eviction
+
+A cache file is named by ``sha256(bucket, object name, generation)``, never by the
+object name, so hostile names cannot escape ``root`` and a changed object (new
+generation) is a different entry. Each file starts with a JSON header (bucket, name,
+generation, size, checksums); a hit is trusted only when the header matches the
+listing and the payload has the expected size and checksum. Writes go to a temp file,
+are fsynced and ``os.replace``d into place, so a killed writer never leaves a partial
+file under an object's name. Least-recently-used order is the file mtime, refreshed
+on every hit; eviction trims to a low watermark under the lock.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import shutil
+import struct
+import threading
+import uuid
+from typing import Iterator, Protocol
+
+logger = logging.getLogger(__name__)
+
+_MAGIC = b"DLC1"
+_LOW_WATERMARK = 0.9  # evict down to this fraction of max_bytes
+
+
+class ObjectMeta(Protocol):
+    """What the cache needs to know about an object (``remote.ObjectInfo`` fits)."""
+
+    name: str
+    size: int
+    generation: str
+    crc32c: str | None
+    md5: str | None
+
+
+def default_cache_dir() -> str:
+    """``$XDG_CACHE_HOME/dali-loader`` (``~/.cache/dali-loader`` by default)."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "dali-loader")
+
+
+def checksum_problem(data: bytes, size: int | None, crc32c: str | None, md5: str | None) -> str | None:
+    """Why ``data`` does not match the expected size/checksums, or None when it does.
+
+    CRC32C is used when known (fast, C-accelerated), else MD5; both are base64 as
+    GCS reports them.
+    """
+    if size is not None and len(data) != size:
+        return f"size mismatch: expected {size} bytes, got {len(data)}"
+    if crc32c:
+        import google_crc32c
+
+        got = base64.b64encode(struct.pack(">I", google_crc32c.value(data))).decode()
+        if got != crc32c:
+            return f"crc32c mismatch: expected {crc32c}, got {got}"
+    elif md5:
+        got = base64.b64encode(hashlib.md5(data).digest()).decode()
+        if got != md5:
+            return f"md5 mismatch: expected {md5}, got {got}"
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class CacheStats:
+    """A snapshot of the cache's contents."""
+
+    root: str
+    objects: int
+    bytes: int
+    temp_files: int
+    max_bytes: int | None
+
+
+class DiskCache:
+    """The disk cache; thread-safe and shared safely between processes.
+
+    Args:
+        root: the cache directory (created if missing).
+        max_bytes: the size bound; None means half of (free space + current usage),
+            computed when the cache is opened.
+        verify_on_hit: check the checksum on every hit (size and header are always
+            checked).
+        fsync: fsync each file before it is renamed into place.
+    """
+
+    def __init__(self, root: str | None = None, max_bytes: int | None = None, *,
+                 verify_on_hit: bool = True, fsync: bool = True):
+        if max_bytes is not None and max_bytes <= 0:
+            raise ValueError(f"max_bytes must be a positive number of bytes or None. Received: max_bytes={max_bytes}")
+        self.root = os.path.abspath(os.path.expanduser(root or default_cache_dir()))
+        self._base = os.path.join(self.root, "v1")
+        self._objects = os.path.join(self._base, "objects")
+        self._tmp = os.path.join(self._base, "tmp")
+        os.makedirs(self._objects, exist_ok=True)
+        os.makedirs(self._tmp, exist_ok=True)
+        self.verify_on_hit = verify_on_hit
+        self.fsync = fsync
+        self._mutex = threading.Lock()  # guards _approx_bytes
+        with self._locked():
+            self._remove_stale_temp()
+            used = self._scan_usage()[1]
+        if max_bytes is None:
+            max_bytes = max(1, (shutil.disk_usage(self.root).free + used) // 2)
+        self.max_bytes = int(max_bytes)
+        self._approx_bytes = used
+
+    # ---------------------------------------------------------------- keys
+    @staticmethod
+    def key(bucket: str, name: str, generation: str) -> str:
+        """The cache key of one object version: a hex digest, safe as a file name."""
+        h = hashlib.sha256()
+        for part in (bucket, name, generation):
+            h.update(part.encode("utf-8", "surrogatepass"))
+            h.update(b"\0")
+        return h.hexdigest()
+
+    def path_for(self, bucket: str, meta: ObjectMeta) -> str:
+        """The file that holds (or would hold) ``meta``'s bytes."""
+        k = self.key(bucket, meta.name, meta.generation)
+        return os.path.join(self._objects, k[:2], k)
+
+    # ------------------------------------------------------------ get/put
+    def get(self, bucket: str, meta: ObjectMeta) -> bytes | None:
+        """The verified cached bytes of ``meta``, or None (a miss, or a bad entry, removed)."""
+        path = self.path_for(bucket, meta)
+        try:
+            with open(path, "rb") as f:
+                blob = f.read()
+        except FileNotFoundError:
+            return None
+        problem, data = self._decode(blob, bucket, meta)
+        if problem:
+            logger.warning("Discarding cache entry for gs://%s/%s (%s).", bucket, meta.name, problem)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+            return None
+        with contextlib.suppress(OSError):
+            os.utime(path)  # least-recently-used clock
+        return data
+
+    def _decode(self, blob: bytes, bucket: str, meta: ObjectMeta) -> tuple[str | None, bytes]:
+        if len(blob) < 8 or blob[:4] != _MAGIC:
+            return "bad header", b""
+        (hlen,) = struct.unpack(">I", blob[4:8])
+        try:
+            header = json.loads(blob[8: 8 + hlen])
+        except ValueError:
+            return "bad header", b""
+        if (header.get("bucket"), header.get("name"), header.get("generation")) != (bucket, meta.name, meta.generation):
+            return "header does not match the object", b""
+        data = blob[8 + hlen:]
+        if len(data) != meta.size or header.get("size") != meta.size:
+            return f"partial or wrong size: {len(data)} of {meta.size} bytes", b""
+        if self.verify_on_hit:
+            problem = checksum_problem(data, meta.size, meta.crc32c, meta.md5)
+            if problem:
+                return problem, b""
+        return None, data
+
+    def put(self, bucket: str, meta: ObjectMeta, data: bytes) -> bool:
+        """Store verified ``data`` for ``meta`` atomically; False when it cannot fit."""
+        if len(data) > self.max_bytes * _LOW_WATERMARK:
+            return False
+        header = json.dumps({"bucket": bucket, "name": meta.name, "generation": meta.generation,
+                             "size": len(data), "crc32c": meta.crc32c, "md5": meta.md5}).encode()
+        path = self.path_for(bucket, meta)
+        tmp = os.path.join(self._tmp, f"{os.getpid()}.{uuid.uuid4().hex}.tmp")
+        try:
+            with open(tmp, "wb") as f:
+                f.write(_MAGIC + struct.pack(">I", len(header)) + header)
+                f.write(data)
+                if self.fsync:
+                    f.flush()
+                    os.fsync(f.fileno())
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        with self._mutex:
+            self._approx_bytes += len(data)
+            over = self._approx_bytes > self.max_bytes
+        if over:
+            self.evict(int(self.max_bytes * _LOW_WATERMARK))
+        return True
+
+    def contains(self, bucket: str, meta: ObjectMeta) -> bool:
+        """Whether a verified entry for ``meta`` is cached."""
+        return self.get(bucket, meta) is not None
+
+    # ----------------------------------------------------------- bookkeeping
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """The cross-process lock (fcntl.flock; a no-op where fcntl is missing)."""
+        try:
+            import fcntl
+        except ImportError:  # pragma: no cover - Windows
+            yield
+            return
+        fd = os.open(os.path.join(self._base, "lock"), os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # closing releases the lock
+
+    def _entries(self) -> Iterator[os.DirEntry]:
+        with os.scandir(self._objects) as shards:
+            for shard in shards:
+                if shard.is_dir(follow_symlinks=False):
+                    with os.scandir(shard.path) as files:
+                        yield from (e for e in files if e.is_file(follow_symlinks=False))
+
+    def _scan_usage(self) -> tuple[int, int]:
+        n = total = 0
+        for e in self._entries():
+            with contextlib.suppress(FileNotFoundError):
+                total += e.stat(follow_symlinks=False).st_size
+                n += 1
+        return n, total
+
+    def _remove_stale_temp(self) -> None:
+        """Remove temp files of processes that are gone (e.g. killed with SIGKILL)."""
+        for e in os.scandir(self._tmp):
+            pid = e.name.split(".", 1)[0]
+            alive = pid.isdigit() and _pid_alive(int(pid))
+            if not alive:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(e.path)
+
+    def evict(self, target_bytes: int) -> int:
+        """Delete least-recently-used entries until usage <= ``target_bytes``; returns bytes freed."""
+        with self._locked():
+            entries = []
+            for e in self._entries():
+                with contextlib.suppress(FileNotFoundError):
+                    st = e.stat(follow_symlinks=False)
+                    entries.append((st.st_mtime_ns, st.st_size, e.path))
+            total = sum(size for _, size, _ in entries)
+            freed = 0
+            entries.sort()
+            for _, size, path in entries:
+                if total - freed <= target_bytes:
+                    break
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+                freed += size
+            with self._mutex:
+                self._approx_bytes = total - freed
+        if freed:
+            logger.debug("Evicted %d bytes from %s.", freed, self.root)
+        return freed
+
+    def stats(self) -> CacheStats:
+        """Count entries, bytes and leftover temp files."""
+        n, total = self._scan_usage()
+        return CacheStats(self.root, n, total, len(os.listdir(self._tmp)), self.max_bytes)
+
+    def clear(self) -> None:
+        """Remove every entry and temp file of stopped processes."""
+        with self._locked():
+            for e in list(self._entries()):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(e.path)
+            self._remove_stale_temp()
+            with self._mutex:
+                self._approx_bytes = 0
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+

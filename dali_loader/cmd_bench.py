@@ -1,0 +1,71 @@
+"""``dali-loader bench SOURCE``: the seed pipeline, tuned tf.data and this loader, side by side."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+__all__ = ["add_parsers", "handler"]
+
+
+def add_parsers(subparsers) -> argparse.ArgumentParser:
+    """Registers the ``bench`` subcommand on an argparse ``subparsers`` object."""
+    p = subparsers.add_parser(
+        "bench", help="benchmark the seed pipeline, tuned tf.data and this loader",
+        description="Runs, alternating in one process, the question's tf.data pipeline verbatim, "
+                    "a tuned tf.data pipeline and this loader (CPU, and GPU when present), each "
+                    "feeding a synthetic step; writes results.json, results.md and "
+                    "throughput.png.")
+    p.add_argument("source", help="local folder, FUSE path or gs://bucket/prefix")
+    p.add_argument("--step-time", type=float, default=0.0, metavar="S",
+                   help="seconds per batch of the synthetic training step (default: 0)")
+    p.add_argument("--out", default="bench-out", metavar="DIR",
+                   help="output folder (default: bench-out)")
+    p.add_argument("--tensorboard", default=None, metavar="DIR",
+                   help="also write the scalars for TensorBoard here")
+    p.add_argument("--batches", type=int, default=None, metavar="N",
+                   help="batches per pipeline per round (default: one epoch)")
+    p.add_argument("--rounds", type=int, default=2, metavar="N",
+                   help="alternating rounds (default: 2)")
+    p.add_argument("--batch-size", type=int, default=128, metavar="N")
+    p.add_argument("--image-size", type=int, nargs=2, default=(244, 244), metavar=("H", "W"))
+    p.add_argument("--cache-dir", default=None, metavar="DIR",
+                   help="loader cache for gs:// (default: a fresh temporary folder)")
+    p.add_argument("--only", nargs="+", default=None, metavar="NAME",
+                   help="run only these pipelines: seed tuned loader loader-cpu loader-gpu")
+    p.set_defaults(func=handler)
+    return p
+
+
+def handler(args: argparse.Namespace) -> int:
+    """Runs the benchmark, writes the files and prints the table. Returns the exit status."""
+    from dali_loader.bench import results_markdown, run_bench, write_results
+
+    logging.basicConfig(level=logging.INFO, format="  %(message)s", stream=sys.stderr)
+    try:
+        res = run_bench(args.source, step_time=args.step_time, batch_size=args.batch_size,
+                        image_size=tuple(args.image_size), rounds=args.rounds,
+                        max_batches=args.batches, cache_dir=args.cache_dir, include=args.only)
+    except (ValueError, FileNotFoundError, ImportError) as exc:
+        print(f"dali-loader bench: error: {exc}", file=sys.stderr)
+        return 2
+    argv = sys.argv[1:]
+    res["command"] = "dali-loader " + " ".join(argv if argv[:1] == ["bench"] else ["bench", *argv])
+    paths = write_results(res, args.out, tensorboard=args.tensorboard)
+    print(results_markdown(res))
+    for kind, path in paths.items():
+        print(f"{kind}: {path}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Standalone entry point (``python -m dali_loader.cmd_bench``)."""
+    parser = argparse.ArgumentParser(prog="dali-loader")
+    add_parsers(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["bench", *(sys.argv[1:] if argv is None else argv)])
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,148 @@
+"""CLI subcommands ``prefetch`` and ``cache info|clean``.
+
+``dali_loader.cli`` registers them with :func:`add_parsers`; ``python -m
+dali_loader.cmd_cache ...`` runs them on their own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import logging
+import re
+import sys
+import time
+
+logger = logging.getLogger(__name__)
+
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgtp]?)(i?b?)\s*$", re.IGNORECASE)
+
+
+def parse_size(text: str) -> int:
+    """``"500M"``, ``"20GiB"``, ``"1.5g"``, ``"1000"`` -> bytes (powers of 1024 for suffixes)."""
+    m = _SIZE_RE.match(text)
+    if not m:
+        raise argparse.ArgumentTypeError(f"not a size (e.g. 500M, 20G). Received: {text!r}")
+    power = " kmgtp".index(m.group(2).lower() or " ")
+    return int(float(m.group(1)) * 1024 ** power)
+
+
+def add_parsers(subparsers) -> None:
+    """Register ``prefetch`` and ``cache`` on an argparse subparsers object."""
+    p = subparsers.add_parser(
+        "prefetch", help="fill the local cache from gs://bucket/prefix ahead of training",
+        description="Download every object under URL into the cache, verified; resumable: "
+                    "verified cached objects are not fetched again.")
+    p.add_argument("url", help="gs://bucket/prefix (or another fsspec URL)")
+    _add_cache_dir(p)
+    p.add_argument("--cache-max-bytes", type=parse_size, default=None,
+                   help="cache size bound, e.g. 200G (default: half the free disk space)")
+    p.add_argument("--max-in-flight", type=int, default=64, help="concurrent downloads (default 64)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=run_prefetch)
+
+    c = subparsers.add_parser("cache", help="inspect or clean the local object cache")
+    csub = c.add_subparsers(dest="cache_command", required=True)
+    info = csub.add_parser("info", help="objects, bytes and leftover temp files in the cache")
+    _add_cache_dir(info)
+    info.set_defaults(func=run_cache_info)
+    clean = csub.add_parser("clean", help="remove cached objects (all, or down to --keep-bytes, LRU)")
+    _add_cache_dir(clean)
+    clean.add_argument("--keep-bytes", type=parse_size, default=None,
+                       help="evict least-recently-used objects down to this size instead of everything")
+    clean.set_defaults(func=run_cache_clean)
+
+
+def _add_cache_dir(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--cache-dir", default=None,
+                   help="cache directory (default: $XDG_CACHE_HOME/dali-loader or ~/.cache/dali-loader)")
+
+
+def run_prefetch(args: argparse.Namespace) -> int:
+    """Fill the cache; exit code 0 when every object is cached and verified, 1 otherwise."""
+    from tqdm import tqdm
+
+    from dali_loader.remote import ObjectFetchError, open_remote
+
+    if args.max_in_flight < 1:
+        raise ValueError(f"--max-in-flight must be >= 1. Received: max_in_flight={args.max_in_flight}")
+    start = time.monotonic()
+    with open_remote(args.url, cache_dir=args.cache_dir, cache_max_bytes=args.cache_max_bytes,
+                     max_in_flight=args.max_in_flight) as source:
+        objects = [o for o in source.list_objects() if not o.rel.endswith("/")]
+        total = sum(o.size for o in objects)
+        if total > source.cache.max_bytes:
+            logger.warning("The data (%d bytes) is larger than the cache bound (%d bytes): the first "
+                           "objects will be evicted again; raise --cache-max-bytes.", total, source.cache.max_bytes)
+        fetched = cached = 0
+        failed: list[str] = []
+        bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc="prefetch",
+                   disable=args.no_progress, dynamic_ncols=True)
+        window = 2 * args.max_in_flight
+        todo = iter(objects)
+        with cf.ThreadPoolExecutor(args.max_in_flight, thread_name_prefix="prefetch") as pool, bar:
+            running: dict[cf.Future, object] = {}
+            while True:
+                while len(running) < window:
+                    obj = next(todo, None)
+                    if obj is None:
+                        break
+                    running[pool.submit(source.ensure_cached, obj)] = obj
+                if not running:
+                    break
+                done, _ = cf.wait(running, return_when=cf.FIRST_COMPLETED)
+                for fut in done:
+                    obj = running.pop(fut)
+                    try:
+                        if fut.result():
+                            fetched += 1
+                        else:
+                            cached += 1
+                    except ObjectFetchError as e:
+                        failed.append(e.url)
+                        logger.error("%s", e)
+                    bar.update(obj.size)
+                    bar.set_postfix_str(f"{fetched + cached + len(failed)}/{len(objects)} objects", refresh=False)
+    sys.stdout.write(
+        f"{source.url}: {len(objects)} objects, {total} bytes: {fetched} downloaded, {cached} already cached, "
+        f"{len(failed)} failed, in {time.monotonic() - start:.1f} s; cache {source.cache.root}\n")
+    return 1 if failed else 0
+
+
+def run_cache_info(args: argparse.Namespace) -> int:
+    """Print what the cache holds."""
+    from dali_loader.cache import DiskCache
+
+    s = DiskCache(args.cache_dir).stats()
+    sys.stdout.write(f"cache: {s.root}\nobjects: {s.objects}\nbytes: {s.bytes}\n"
+                     f"temp files: {s.temp_files}\ndefault bound: {s.max_bytes} bytes\n")
+    return 0
+
+
+def run_cache_clean(args: argparse.Namespace) -> int:
+    """Empty the cache, or trim it to ``--keep-bytes``."""
+    from dali_loader.cache import DiskCache
+
+    cache = DiskCache(args.cache_dir)
+    before = cache.stats()
+    if args.keep_bytes is None:
+        cache.clear()
+    else:
+        cache.evict(args.keep_bytes)
+    after = cache.stats()
+    sys.stdout.write(f"cache: {cache.root}: removed {before.objects - after.objects} objects "
+                     f"({before.bytes - after.bytes} bytes); {after.objects} objects ({after.bytes} bytes) left\n")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one of these subcommands on its own."""
+    parser = argparse.ArgumentParser(prog="python -m dali_loader.cmd_cache")
+    add_parsers(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,67 @@
+"""``dali-loader diagnose SOURCE``: which input stage bounds training throughput, and why."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+
+__all__ = ["add_parsers", "handler"]
+
+
+def add_parsers(subparsers) -> argparse.ArgumentParser:
+    """Registers the ``diagnose`` subcommand on an argparse ``subparsers`` object."""
+    p = subparsers.add_parser(
+        "diagnose", help="measure listing, reads, decode, resize, the loader and the step",
+        description="Measures each input stage on a sample of SOURCE (a local folder, a FUSE "
+                    "mount or gs://bucket/prefix) and names the bottleneck: storage, decode or "
+                    "consumer, with advice quoting the measured numbers.")
+    p.add_argument("source", help="local folder, FUSE path or gs://bucket/prefix")
+    p.add_argument("--step-time", type=float, default=0.0, metavar="S",
+                   help="seconds per batch of the synthetic training step (default: 0, none)")
+    p.add_argument("--batch-size", type=int, default=32, metavar="N")
+    p.add_argument("--image-size", type=int, nargs=2, default=(256, 256), metavar=("H", "W"))
+    p.add_argument("--sample", type=int, default=64, metavar="N",
+                   help="objects to time reads, decode and resize on (default: 64)")
+    p.add_argument("--max-in-flight", type=int, default=64, metavar="N",
+                   help="the loader's concurrent reads (default: 64)")
+    p.add_argument("--device", choices=("cpu", "gpu"), default=None,
+                   help="loader device (default: auto)")
+    p.add_argument("--no-loader", action="store_true", help="skip the end-to-end loader run")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=handler)
+    return p
+
+
+def handler(args: argparse.Namespace) -> int:
+    """Runs the diagnosis and prints the table (or JSON). Returns the exit status."""
+    from dali_loader.diagnose import format_report, run_diagnose, to_json
+
+    if not args.json:
+        logging.basicConfig(level=logging.INFO, format="  %(message)s", stream=sys.stderr)
+    try:
+        m = run_diagnose(args.source, step_time=args.step_time, batch_size=args.batch_size,
+                         image_size=tuple(args.image_size), sample=args.sample,
+                         measure_loader=not args.no_loader, loader_in_flight=args.max_in_flight,
+                         device=args.device)
+    except (ValueError, FileNotFoundError, ImportError) as exc:
+        print(f"dali-loader diagnose: error: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(to_json(m), indent=2))
+    else:
+        print(format_report(m))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Standalone entry point (``python -m dali_loader.cmd_diagnose``)."""
+    parser = argparse.ArgumentParser(prog="dali-loader")
+    add_parsers(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["diagnose", *(sys.argv[1:] if argv is None else argv)])
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

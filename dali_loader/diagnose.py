@@ -1,0 +1,388 @@
+"""Measure each input stage on a sample of the data and name the one that bounds throughput.
+
+Stages: listing; per-object reads at 1, 8, 32 and 128 requests in flight; PNG decode per core and
+on all cores; resize; this loader end to end; and the consumer (a synthetic step standing in for
+the GPU). :func:`verdict` is a pure function of those rates: the stage with the lowest images/s
+bounds the pipeline. Reads are modelled at two concurrencies: ``cores`` in flight (what a tf.data
+``map(..., AUTOTUNE)`` keeps, the seed's pipeline) and the loader's ``max_in_flight``.
+
+Decode and resize are timed with Pillow in a thread pool (it releases the GIL); they stand for the
+CPU work any PNG decoder does (PNG is always decoded on the CPU, DALI's GPU decoder included).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import logging
+import math
+import os
+import random
+import statistics
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, Sequence
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["Measurements", "verdict", "run_diagnose", "format_report", "interp_rate",
+           "list_source", "make_fetcher", "LEVELS"]
+
+LEVELS = (1, 8, 32, 128)
+IMAGE_EXTS = (".bmp", ".gif", ".jpeg", ".jpg", ".png")
+
+
+@dataclasses.dataclass
+class Measurements:
+    """Measured rates (objects or images per second) of every stage."""
+
+    source: str
+    num_files: int
+    listing_s: float
+    cores: int
+    sample: int
+    mean_object_bytes: float
+    latency_p50_s: float
+    latency_p90_s: float
+    fetch_rates: dict[int, float]  # in-flight requests -> objects/s
+    decode_per_core: float
+    decode_all_cores: float
+    resize_per_core: float
+    resize_all_cores: float
+    batch_size: int
+    step_time: float
+    loader_in_flight: int = 64
+    loader_rate: float | None = None
+    loader_device: str | None = None
+    loader_error: str | None = None
+
+
+def interp_rate(fetch_rates: dict[int, float], in_flight: float) -> float:
+    """Objects/s at ``in_flight`` requests: linear between measured levels, clamped outside.
+
+    Linear is Little's law below saturation (rate = in flight / latency) and a lower bound above.
+
+    Raises:
+        ValueError: when ``fetch_rates`` is empty or ``in_flight`` is not positive.
+    """
+    if not fetch_rates:
+        raise ValueError(f"fetch_rates must not be empty. Received: fetch_rates={fetch_rates}")
+    if in_flight <= 0:
+        raise ValueError(f"in_flight must be positive. Received: in_flight={in_flight}")
+    pts = sorted(fetch_rates.items())
+    if in_flight <= pts[0][0]:
+        return pts[0][1] * in_flight / pts[0][0]
+    for (c0, r0), (c1, r1) in zip(pts, pts[1:]):
+        if in_flight <= c1:
+            t = (in_flight - c0) / (c1 - c0)
+            return r0 + t * (r1 - r0)
+    return pts[-1][1]
+
+
+def _cpu_rate(m: Measurements) -> float:
+    # Decode and resize share the same cores: their per-image costs add up.
+    return 1.0 / (1.0 / m.decode_all_cores + 1.0 / m.resize_all_cores)
+
+
+def _consumer_rate(m: Measurements) -> float:
+    return m.batch_size / m.step_time if m.step_time > 0 else math.inf
+
+
+def stage_rates(m: Measurements, in_flight: float) -> dict[str, float]:
+    """Images/s each stage could sustain alone, with reads at ``in_flight`` requests."""
+    return {"storage": interp_rate(m.fetch_rates, in_flight), "decode": _cpu_rate(m),
+            "consumer": _consumer_rate(m)}
+
+
+def _fmt_rate(x: float) -> str:
+    return "unbounded" if math.isinf(x) else f"{x:,.0f} img/s"
+
+
+def verdict(m: Measurements) -> dict[str, Any]:
+    """Names the bottleneck and gives advice quoting the measured numbers. Pure function.
+
+    ``bottleneck`` is for a tf.data pipeline like the seed's (about one read in flight per core);
+    ``bottleneck_with_loader`` is for this loader (``loader_in_flight`` reads in flight).
+    """
+    tfd = stage_rates(m, m.cores)
+    ldr = stage_rates(m, m.loader_in_flight)
+    bottleneck = min(tfd, key=tfd.get)
+    bottleneck_loader = min(ldr, key=ldr.get)
+    expected_tfdata = min(tfd.values())
+    expected_loader = min(ldr.values())
+    lat_ms = m.latency_p50_s * 1000
+    cpu, cons = tfd["decode"], tfd["consumer"]
+    step = (f"a {m.step_time * 1000:.0f} ms step per batch of {m.batch_size}"
+            if m.step_time > 0 else "no step")
+    advice: list[str] = []
+    if bottleneck == "storage":
+        advice.append(
+            f"Storage: {lat_ms:.0f} ms per object; ~{m.cores} reads in flight under AUTOTUNE "
+            f"(one per core) caps you at ~{tfd['storage']:,.0f} img/s, while decode+resize could "
+            f"do {_fmt_rate(cpu)} and the consumer {_fmt_rate(cons)} ({step}).")
+        advice.append(
+            f"This loader keeps {m.loader_in_flight} reads in flight "
+            f"(measured {ldr['storage']:,.0f} objects/s there): expect ~{expected_loader:,.0f} "
+            f"img/s, bounded by {bottleneck_loader}; or prefetch to local disk first with "
+            f"`dali-loader prefetch {m.source} --cache-dir DIR` (later epochs read the cache).")
+    elif bottleneck == "decode":
+        share = 100.0 * cpu / m.resize_all_cores
+        advice.append(
+            f"Decode: PNG decode runs at {m.decode_per_core:,.0f} img/s per core, "
+            f"{m.decode_all_cores:,.0f} img/s on all {m.cores} cores; with resize "
+            f"({share:.0f}% of the CPU time) the CPU delivers ~{cpu:,.0f} img/s, below storage "
+            f"({tfd['storage']:,.0f} objects/s) and the consumer ({_fmt_rate(cons)}, {step}).")
+        advice.append(
+            "PNG is always decoded on the CPU (DALI's GPU decoder handles JPEG, not PNG): use "
+            "every core (this loader's num_threads defaults to all), move the resize to the GPU "
+            "(device='gpu'), store images pre-resized to image_size, or re-encode to JPEG so the "
+            f"GPU decodes them. This loader: expect ~{expected_loader:,.0f} img/s.")
+    else:
+        advice.append(
+            f"Consumer: {step} is {_fmt_rate(cons)}; input could deliver "
+            f"~{min(tfd['storage'], cpu):,.0f} img/s even at {m.cores} reads in flight, so the "
+            "step is not waiting for input. Speed up the model (mixed precision, XLA, a larger "
+            "batch) rather than the input pipeline.")
+    if m.loader_rate is not None:
+        advice.append(f"Measured this loader end to end ({m.loader_device}, no step): "
+                      f"{m.loader_rate:,.0f} img/s.")
+    fin = lambda d: {k: (None if math.isinf(v) else v) for k, v in d.items()}  # noqa: E731
+    return {"bottleneck": bottleneck, "stage_rates": fin(tfd),
+            "bottleneck_with_loader": bottleneck_loader, "stage_rates_with_loader": fin(ldr),
+            "expected_tfdata_img_s": expected_tfdata,
+            "expected_loader_img_s": None if math.isinf(expected_loader) else expected_loader,
+            "advice": advice}
+
+
+# ----------------------------------------------------------------------------- measuring
+def list_source(source: str) -> list[tuple[str, int]]:
+    """Lists image files (Keras's allowlist) under ``source`` as (path or gs:// URL, size)."""
+    source = str(source).rstrip("/")
+    if source.startswith("gs://"):
+        from dali_loader.baselines import gcs_client
+
+        bucket, _, prefix = source[5:].partition("/")
+        pre = prefix.strip("/") + "/" if prefix.strip("/") else ""
+        blobs = gcs_client().list_blobs(bucket, prefix=pre)
+        return [(f"gs://{bucket}/{b.name}", int(b.size or 0)) for b in blobs
+                if b.name.lower().endswith(IMAGE_EXTS)]
+    if not os.path.isdir(source):
+        raise FileNotFoundError(f"No such directory: {source}")
+    out = []
+    for dirpath, _, files in os.walk(source):
+        for f in files:
+            if f.lower().endswith(IMAGE_EXTS):
+                p = os.path.join(dirpath, f)
+                out.append((p, os.path.getsize(p)))
+    return sorted(out)
+
+
+def make_fetcher(source: str) -> Callable[[str], bytes]:
+    """A thread-safe ``fetch(path_or_url) -> bytes``: one GET per object, or one file read."""
+    if str(source).startswith("gs://"):
+        from dali_loader.baselines import gcs_client
+
+        def fetch(url: str) -> bytes:
+            bucket, _, name = url[5:].partition("/")
+            return gcs_client().bucket(bucket).blob(name).download_as_bytes()
+        return fetch
+
+    def read(path: str) -> bytes:
+        with open(path, "rb") as f:
+            return f.read()
+    return read
+
+
+def _fetch_level(fetch, items: Sequence[str], in_flight: int) -> tuple[float, list[float]]:
+    """Objects/s with ``in_flight`` concurrent requests over ``items``; also each latency."""
+    lat: list[float] = []
+
+    def one(p: str) -> None:
+        t = time.perf_counter()
+        fetch(p)
+        lat.append(time.perf_counter() - t)
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=in_flight) as pool:
+        list(pool.map(one, items))
+    return len(items) / (time.perf_counter() - t0), lat
+
+
+def _decode(data: bytes):
+    from PIL import Image
+
+    im = Image.open(io.BytesIO(data))
+    im = im.convert("RGB")
+    im.load()
+    return im
+
+
+def _timed_map(fn, items: Sequence, workers: int, budget_s: float) -> float:
+    """Items/s of ``fn`` over ``items`` (repeated until ``budget_s``) with ``workers`` threads."""
+    done, t0 = 0, time.perf_counter()
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        while True:
+            list(pool.map(fn, items))
+            done += len(items)
+            if time.perf_counter() - t0 >= budget_s:
+                break
+    return done / (time.perf_counter() - t0)
+
+
+def _measure_loader(source: str, batch_size: int, image_size: Sequence[int], max_batches: int,
+                    max_in_flight: int, device: str | None) -> tuple[float | None, str | None,
+                                                                    str | None]:
+    """End-to-end images/s of this loader (cold cache for gs://), excluding the first batch."""
+    try:
+        from dali_loader.loader import open_loader
+    except ImportError as exc:
+        return None, None, f"loader unavailable: {exc}"
+    with tempfile.TemporaryDirectory(prefix="dali-diag-cache-") as cache:
+        try:
+            loader = open_loader(source, batch_size=batch_size, image_size=tuple(image_size),
+                                 shuffle=True, seed=0, device=device,
+                                 max_in_flight=max_in_flight, cache_dir=cache)
+        except Exception as exc:  # report, don't crash the diagnosis
+            return None, None, f"{type(exc).__name__}: {exc}"
+        dev = getattr(loader, "device", device or "auto")
+        try:
+            n, t0, first = 0, None, 0
+            for i, (images, _labels) in enumerate(loader):
+                if i == 0:
+                    t0, first = time.perf_counter(), len(images)
+                    continue
+                n += len(images)
+                if i >= max_batches:
+                    break
+            if t0 is None:
+                return None, str(dev), "loader produced no batch"
+            dt = time.perf_counter() - t0
+            if n == 0:  # a single batch: fall back to counting it
+                return None, str(dev), f"only one batch ({first} images); use a larger --sample"
+            return n / dt, str(dev), None
+        finally:
+            loader.close()
+
+
+def run_diagnose(source: str, *, step_time: float = 0.0, batch_size: int = 32,
+                 image_size: Sequence[int] = (256, 256), sample: int = 64,
+                 levels: Sequence[int] = LEVELS, measure_loader: bool = True,
+                 loader_batches: int = 8, loader_in_flight: int = 64,
+                 device: str | None = None, budget_s: float = 1.0,
+                 seed: int = 0) -> Measurements:
+    """Measures every stage on a random sample of ``source``.
+
+    Args:
+        source: a local folder, a FUSE mount or ``gs://bucket/prefix``.
+        step_time: seconds per batch of the synthetic consumer step (0 = none).
+        batch_size: the training batch size.
+        image_size: (height, width) images are resized to.
+        sample: number of objects to time reads, decode and resize on.
+        levels: concurrencies (requests in flight) to time reads at.
+        measure_loader: also run this loader end to end.
+        loader_batches: batches to time the loader over.
+        loader_in_flight: the loader's ``max_in_flight``.
+        device: loader device (None = auto).
+        budget_s: minimum seconds per decode/resize timing.
+        seed: picks the sample.
+
+    Returns:
+        The :class:`Measurements`.
+    """
+    if step_time < 0:
+        raise ValueError(f"step_time must be >= 0. Received: step_time={step_time}")
+    if batch_size <= 0:
+        raise ValueError(f"batch_size must be positive. Received: batch_size={batch_size}")
+    if sample <= 0:
+        raise ValueError(f"sample must be positive. Received: sample={sample}")
+    if len(image_size) != 2 or min(image_size) <= 0:
+        raise ValueError(f"image_size must be (height, width) > 0. Received: image_size={image_size}")
+    cores = os.cpu_count() or 1
+    t0 = time.perf_counter()
+    files = list_source(source)
+    listing_s = time.perf_counter() - t0
+    if not files:
+        raise ValueError(f"No images found in {source}. Received: source={source!r}")
+    rng = random.Random(seed)
+    picked = rng.sample(files, min(sample, len(files)))
+    paths = [p for p, _ in picked]
+    fetch = make_fetcher(source)
+    logger.info("Listed %d files in %.2f s; timing reads on %d", len(files), listing_s, len(paths))
+
+    blobs = [fetch(p) for p in paths[: min(8, len(paths))]]  # warm-up, connections
+    rate1, lat = _fetch_level(fetch, paths[: min(len(paths), 16)], 1)
+    fetch_rates = {1: rate1}
+    for c in sorted(set(levels) | {cores, loader_in_flight}):
+        if c == 1:
+            continue
+        items = [paths[i % len(paths)] for i in range(max(2 * c, len(paths)))]
+        fetch_rates[c], _ = _fetch_level(fetch, items, c)
+        logger.info("%d in flight: %.0f objects/s", c, fetch_rates[c])
+    blobs = list(ThreadPoolExecutor(max_workers=16).map(fetch, paths))
+    mean_bytes = statistics.fmean(len(b) for b in blobs)
+
+    decode_1 = _timed_map(_decode, blobs, 1, budget_s)
+    decode_n = _timed_map(_decode, blobs, cores, budget_s)
+    images = [_decode(b) for b in blobs]
+    from PIL import Image
+
+    size = (int(image_size[1]), int(image_size[0]))
+    resize = lambda im: im.resize(size, Image.BILINEAR)  # noqa: E731
+    resize_1 = _timed_map(resize, images, 1, budget_s / 2)
+    resize_n = _timed_map(resize, images, cores, budget_s / 2)
+    logger.info("decode %.0f/%.0f img/s, resize %.0f/%.0f img/s (1 core/all)",
+                decode_1, decode_n, resize_1, resize_n)
+
+    m = Measurements(source=str(source), num_files=len(files), listing_s=listing_s, cores=cores,
+                     sample=len(paths), mean_object_bytes=mean_bytes,
+                     latency_p50_s=statistics.median(lat),
+                     latency_p90_s=sorted(lat)[int(0.9 * (len(lat) - 1))],
+                     fetch_rates=fetch_rates, decode_per_core=decode_1, decode_all_cores=decode_n,
+                     resize_per_core=resize_1, resize_all_cores=resize_n,
+                     batch_size=batch_size, step_time=step_time,
+                     loader_in_flight=loader_in_flight)
+    if measure_loader:
+        m.loader_rate, m.loader_device, m.loader_error = _measure_loader(
+            source, batch_size, image_size, loader_batches, loader_in_flight, device)
+    return m
+
+
+def to_json(m: Measurements) -> dict[str, Any]:
+    """One JSON-ready object: the measurements, the verdict and the advice."""
+    d = dataclasses.asdict(m)
+    d["fetch_rates"] = {str(k): v for k, v in m.fetch_rates.items()}
+    d["consumer_img_s"] = None if m.step_time <= 0 else m.batch_size / m.step_time
+    d.update(verdict(m))
+    return d
+
+
+def format_report(m: Measurements) -> str:
+    """A short human-readable table plus the verdict and advice."""
+    v = verdict(m)
+    rows = [("listing", f"{m.num_files} files in {m.listing_s:.2f} s"),
+            ("object latency", f"p50 {m.latency_p50_s * 1000:.1f} ms, p90 "
+                               f"{m.latency_p90_s * 1000:.1f} ms, {m.mean_object_bytes / 1e3:.0f} KB")]
+    for c, r in sorted(m.fetch_rates.items()):
+        rows.append((f"reads, {c} in flight",
+                     f"{r:,.0f} objects/s ({r * m.mean_object_bytes / 1e6:,.1f} MB/s)"))
+    rows += [("decode", f"{m.decode_per_core:,.0f} img/s per core, "
+                        f"{m.decode_all_cores:,.0f} img/s on {m.cores} cores"),
+             ("resize", f"{m.resize_per_core:,.0f} img/s per core, "
+                        f"{m.resize_all_cores:,.0f} img/s on {m.cores} cores"),
+             ("loader end to end", f"{m.loader_rate:,.0f} img/s ({m.loader_device})"
+              if m.loader_rate is not None else f"not measured ({m.loader_error or 'skipped'})"),
+             ("consumer", _fmt_rate(_consumer_rate(m)) + (f" ({m.step_time:g} s/batch of "
+                                                          f"{m.batch_size})" if m.step_time else
+                                                          " (no step)"))]
+    w = max(len(a) for a, _ in rows)
+    lines = [f"dali-loader diagnose {m.source}", ""]
+    lines += [f"  {a:<{w}}  {b}" for a, b in rows]
+    sr = v["stage_rates"]
+    lines += ["", "  stage bounds (img/s), tf.data-style reads (%d in flight): " % m.cores
+              + ", ".join(f"{k} {_fmt_rate(x if x is not None else math.inf)}"
+                          for k, x in sr.items()),
+              "", f"bottleneck: {v['bottleneck']}  (with this loader: "
+                  f"{v['bottleneck_with_loader']})", ""]
+    lines += [f"- {a}" for a in v["advice"]]
+    return "\n".join(lines)

@@ -1,0 +1,481 @@
+"""A small Google Cloud Storage JSON-API server on loopback, with fault injection.
+
+It serves enough of the API for the real ``google-cloud-storage`` client
+(``STORAGE_EMULATOR_HOST=http://127.0.0.1:PORT``): bucket metadata, paged object
+listing with ``prefix``/``delimiter``, object metadata, and media downloads with
+``Range`` support and ``x-goog-hash`` headers. Faults (latency, 503/429, connection
+resets, truncated bodies, flipped bytes) are drawn from a seeded RNG. Used by the
+tests, the demo and the benchmarks; never meant to face a network.
+
+Run standalone (prints ``FAKEGCS_URL http://127.0.0.1:PORT``)::
+
+    python -m dali_loader.fakegcs --root DIR --bucket b --latency 0.05
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import bisect
+import collections
+import dataclasses
+import hashlib
+import http.server
+import json
+import logging
+import os
+import random
+import socket
+import struct
+import sys
+import threading
+import time
+import urllib.parse
+
+import google_crc32c
+
+logger = logging.getLogger(__name__)
+
+_GEN_BASE = 1_700_000_000_000_000
+
+
+@dataclasses.dataclass
+class _Obj:
+    data: bytes
+    generation: int
+    crc32c: str
+    md5: str
+
+
+@dataclasses.dataclass
+class Faults:
+    """Fault-injection settings; rates are per request, in [0, 1].
+
+    ``latency`` is slept before every API request. ``error_rate`` answers
+    ``error_status`` (503 by default, 429 also common). ``reset_rate`` drops the
+    connection with a TCP reset. ``truncate_rate`` and ``flip_rate`` only apply to
+    media downloads: the body is cut short, or one byte is flipped while the
+    headers still announce the true checksum.
+    """
+
+    latency: float = 0.0
+    error_rate: float = 0.0
+    error_status: int = 503
+    reset_rate: float = 0.0
+    truncate_rate: float = 0.0
+    flip_rate: float = 0.0
+    seed: int = 0
+
+
+def b64_crc32c(data: bytes) -> str:
+    """Base64 of the big-endian CRC32C, as GCS reports it."""
+    return base64.b64encode(struct.pack(">I", google_crc32c.value(data))).decode()
+
+
+def b64_md5(data: bytes) -> str:
+    """Base64 of the MD5 digest, as GCS reports it."""
+    return base64.b64encode(hashlib.md5(data).digest()).decode()
+
+
+class FakeGCS:
+    """An in-memory one-bucket GCS server in a background thread.
+
+    Args:
+        bucket: the bucket name it serves.
+        faults: fault injection settings (none by default).
+        page_size: default page size of object listings.
+    """
+
+    def __init__(self, bucket: str = "b", *, faults: Faults | None = None, page_size: int = 1000):
+        if not bucket or "/" in bucket:
+            raise ValueError(f"bucket must be a non-empty name without '/'. Received: bucket={bucket!r}")
+        self.bucket = bucket
+        self.faults = faults or Faults()
+        self.page_size = page_size
+        self.objects: dict[str, _Obj] = {}
+        self.fail_names: dict[str, int] = {}  # name -> status answered forever (0 = reset)
+        self.counts: collections.Counter[str] = collections.Counter()
+        self.in_flight = 0  # requests being answered now
+        self.media_counts: collections.Counter[str] = collections.Counter()
+        self._names: list[str] = []
+        self._names_dirty = False
+        self._next_gen = _GEN_BASE
+        self._lock = threading.Lock()
+        self._rng = random.Random(self.faults.seed)
+        self._server: http.server.ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    # ----------------------------------------------------------------- store
+    @classmethod
+    def from_directory(cls, root: str, bucket: str = "b", *, prefix: str = "",
+                       dir_placeholders: bool = False, **kwargs) -> "FakeGCS":
+        """A server whose bucket holds every file under ``root`` (at ``prefix/rel``).
+
+        With ``dir_placeholders`` each directory also gets a zero-byte ``"dir/"``
+        object, as the Cloud console creates, so empty folders are listed.
+        """
+        if not os.path.isdir(root):
+            raise FileNotFoundError(f"Not a directory: {root}")
+        server = cls(bucket, **kwargs)
+        base = prefix.strip("/") + "/" if prefix.strip("/") else ""
+        for dirpath, dirnames, filenames in os.walk(root):
+            rel_dir = os.path.relpath(dirpath, root).replace(os.sep, "/")
+            rel_dir = "" if rel_dir == "." else rel_dir + "/"
+            if dir_placeholders and rel_dir:
+                server.put(base + rel_dir, b"")
+            for fname in filenames:
+                with open(os.path.join(dirpath, fname), "rb") as f:
+                    server.put(base + rel_dir + fname, f.read())
+        return server
+
+    def put(self, name: str, data: bytes) -> int:
+        """Store ``data`` as object ``name`` with a new generation; returns it."""
+        with self._lock:
+            self._next_gen += 1
+            if name not in self.objects:
+                self._names_dirty = True
+            self.objects[name] = _Obj(bytes(data), self._next_gen, b64_crc32c(data), b64_md5(data))
+            return self._next_gen
+
+    def delete(self, name: str) -> None:
+        """Remove object ``name`` (no error when absent)."""
+        with self._lock:
+            if self.objects.pop(name, None) is not None:
+                self._names_dirty = True
+
+    def add_synthetic(self, n: int, prefix: str = "synthetic/", size: int = 32) -> None:
+        """Add ``n`` small deterministic objects (for large listings)."""
+        for i in range(n):
+            name = f"{prefix}class{i % 10}/img{i:07d}.png"
+            self.put(name, (hashlib.sha256(name.encode()).digest() * (size // 32 + 1))[:size])
+
+    def sorted_names(self) -> list[str]:
+        with self._lock:
+            if self._names_dirty:
+                self._names = sorted(self.objects)
+                self._names_dirty = False
+            return self._names
+
+    def reset_counts(self, settle_s: float = 10.0) -> None:
+        """Wait (up to ``settle_s``) for requests in flight to finish, then zero the counters."""
+        deadline = time.monotonic() + settle_s
+        while self.in_flight and time.monotonic() < deadline:
+            time.sleep(0.005)
+        with self._lock:
+            self.counts.clear()
+            self.media_counts.clear()
+
+    # ------------------------------------------------------------ lifecycle
+    @property
+    def endpoint(self) -> str:
+        """``http://127.0.0.1:PORT``, the value for ``STORAGE_EMULATOR_HOST``."""
+        if self._server is None:
+            raise RuntimeError("FakeGCS is not started.")
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    url = endpoint
+
+    def start(self, port: int = 0) -> "FakeGCS":
+        """Start serving on ``127.0.0.1:port`` (0 = any free port)."""
+        if self._server is not None:
+            return self
+        handler = type("_BoundHandler", (_Handler,), {"fake": self})
+        server = _Server(("127.0.0.1", port), handler, bind_and_activate=False)
+        server.daemon_threads = True
+        server.request_queue_size = 256  # many clients connect at once
+        server.allow_reuse_address = True
+        server.server_bind()
+        server.server_activate()
+        self._server = server
+        self._thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
+                                        name="fakegcs", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop serving and close the listening socket."""
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+
+    def __enter__(self) -> "FakeGCS":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # ---------------------------------------------------------------- faults
+    def _draw(self, media: bool, name: str | None) -> str | None:
+        f = self.faults
+        with self._lock:
+            if name is not None and name in self.fail_names:
+                return "reset" if self.fail_names[name] == 0 else "error"
+            r = self._rng.random()
+        for kind, rate in (("error", f.error_rate), ("reset", f.reset_rate),
+                           ("truncate", f.truncate_rate if media else 0.0),
+                           ("flip", f.flip_rate if media else 0.0)):
+            if r < rate:
+                return kind
+            r -= rate
+        return None
+
+
+class _Server(http.server.ThreadingHTTPServer):
+    def handle_error(self, request, client_address) -> None:
+        exc = sys.exc_info()[1]
+        if isinstance(exc, ConnectionError):  # the client went away (or was killed): not our bug
+            logger.debug("fakegcs: client %s disconnected: %s", client_address, exc)
+        else:
+            super().handle_error(request, client_address)
+
+
+def _object_resource(bucket: str, name: str, obj: _Obj) -> dict:
+    gen = str(obj.generation)
+    return {
+        "kind": "storage#object", "id": f"{bucket}/{name}/{gen}", "name": name, "bucket": bucket,
+        "generation": gen, "metageneration": "1", "size": str(len(obj.data)),
+        "crc32c": obj.crc32c, "md5Hash": obj.md5, "contentType": "application/octet-stream",
+        "storageClass": "STANDARD", "timeCreated": "2026-01-01T00:00:00.000Z",
+        "updated": "2026-01-01T00:00:00.000Z",
+    }
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # no 40 ms delayed-ACK stalls between headers and body
+    fake: FakeGCS  # set on the bound subclass
+
+    def log_message(self, format: str, *args) -> None:  # noqa: A002 - base-class signature
+        logger.debug("fakegcs: " + format, *args)
+
+    # -------------------------------------------------------------- helpers
+    def _send_json(self, status: int, payload: dict) -> None:
+        body = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json; charset=UTF-8")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _error(self, status: int, message: str) -> None:
+        self._send_json(status, {"error": {"code": status, "message": message,
+                                           "errors": [{"message": message, "reason": "fake"}]}})
+
+    def _reset(self) -> None:
+        self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        self.close_connection = True
+
+    def _apply_fault(self, kind: str, media: bool, name: str | None) -> bool:
+        """Sleep, then maybe answer with a fault. True when the request is done."""
+        fake = self.fake
+        if fake.faults.latency > 0:
+            time.sleep(fake.faults.latency)
+        fault = fake._draw(media, name)
+        with fake._lock:
+            fake.counts[kind] += 1
+            if fault:
+                fake.counts["fault_" + fault] += 1
+        if fault == "error":
+            status = fake.fail_names.get(name, 0) if name is not None else 0
+            status = status or fake.faults.error_status
+            self._error(status, "injected fault")
+            return True
+        if fault == "reset":
+            self._reset()
+            return True
+        self._pending_fault = fault
+        return False
+
+    # --------------------------------------------------------------- routes
+    def do_GET(self) -> None:  # noqa: N802 - http.server naming
+        with self.fake._lock:
+            self.fake.in_flight += 1
+        try:
+            self._get()
+        finally:
+            with self.fake._lock:
+                self.fake.in_flight -= 1
+
+    def _get(self) -> None:
+        self._pending_fault = None
+        parsed = urllib.parse.urlsplit(self.path)
+        query = dict(urllib.parse.parse_qsl(parsed.query, keep_blank_values=True))
+        parts = parsed.path.split("/")
+        if parsed.path == "/_fake/stats":
+            with self.fake._lock:
+                self._send_json(200, {"counts": dict(self.fake.counts),
+                                      "media": dict(self.fake.media_counts)})
+            return
+        # /storage/v1/b/B[/o[/NAME]]  or  /download/storage/v1/b/B/o/NAME
+        if parts[1:2] == ["download"]:
+            parts = parts[1:]
+            query["alt"] = "media"
+        if parts[1:4] != ["storage", "v1", "b"] or len(parts) < 5:
+            self._error(404, f"unknown path {parsed.path}")
+            return
+        bucket = urllib.parse.unquote(parts[4])
+        if len(parts) == 5:
+            if self._apply_fault("bucket", False, None):
+                return
+            if bucket != self.fake.bucket:
+                self._error(404, f"bucket {bucket} not found")
+                return
+            self._send_json(200, {"kind": "storage#bucket", "id": bucket, "name": bucket})
+            return
+        if parts[5] != "o":
+            self._error(404, f"unknown path {parsed.path}")
+            return
+        if len(parts) == 6 or (len(parts) == 7 and parts[6] == ""):
+            if self._apply_fault("list", False, None):
+                return
+            if bucket != self.fake.bucket:
+                self._error(404, f"bucket {bucket} not found")
+                return
+            self._list(query)
+            return
+        name = urllib.parse.unquote("/".join(parts[6:]))
+        media = query.get("alt") == "media"
+        if self._apply_fault("media" if media else "meta", media, name):
+            return
+        with self.fake._lock:
+            obj = self.fake.objects.get(name) if bucket == self.fake.bucket else None
+        if obj is None or ("generation" in query and query["generation"] != str(obj.generation)):
+            self._error(404, f"No such object: {bucket}/{name}")
+            return
+        if not media:
+            self._send_json(200, _object_resource(bucket, name, obj))
+            return
+        with self.fake._lock:
+            self.fake.media_counts[name] += 1
+        self._media(obj)
+
+    def _list(self, query: dict) -> None:
+        names = self.fake.sorted_names()
+        prefix = query.get("prefix", "")
+        delimiter = query.get("delimiter", "")
+        max_results = min(int(query.get("maxResults") or self.fake.page_size), self.fake.page_size)
+        token = query.get("pageToken")
+        start_after = base64.urlsafe_b64decode(token.encode()).decode() if token else None
+        i = bisect.bisect_right(names, start_after) if start_after is not None else bisect.bisect_left(names, prefix)
+        items: list[dict] = []
+        prefixes: list[str] = []
+        last = None
+        while i < len(names) and len(items) + len(prefixes) < max_results:
+            name = names[i]
+            if not name.startswith(prefix):
+                break
+            rest = name[len(prefix):]
+            cut = rest.find(delimiter) if delimiter else -1
+            if cut >= 0:
+                p = prefix + rest[: cut + len(delimiter)]
+                prefixes.append(p)
+                last = p + "\U0010ffff"  # skip everything under this prefix
+                i = bisect.bisect_left(names, last)
+                continue
+            with self.fake._lock:
+                obj = self.fake.objects.get(name)
+            if obj is not None:
+                items.append(_object_resource(self.fake.bucket, name, obj))
+            last = name
+            i += 1
+        payload: dict = {"kind": "storage#objects", "items": items}
+        if prefixes:
+            payload["prefixes"] = prefixes
+        if i < len(names) and names[i].startswith(prefix) and last is not None:
+            payload["nextPageToken"] = base64.urlsafe_b64encode(last.encode()).decode()
+        self._send_json(200, payload)
+
+    def _media(self, obj: _Obj) -> None:
+        data = obj.data
+        total = len(data)
+        start, end = 0, total - 1
+        rng = self.headers.get("Range")
+        status = 200
+        if rng and rng.startswith("bytes="):
+            a, _, b = rng[6:].partition("-")
+            start = int(a) if a else max(0, total - int(b))
+            end = min(int(b), total - 1) if (a and b) else total - 1
+            if start >= total and total > 0:
+                self.send_response(416)
+                self.send_header("Content-Range", f"bytes */{total}")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            status = 206
+        body = data[start: end + 1]
+        fault = self._pending_fault
+        if fault == "flip" and body:
+            pos = self.fake._rng.randrange(len(body))
+            body = body[:pos] + bytes([body[pos] ^ 0xFF]) + body[pos + 1:]
+        self.send_response(status)
+        self.send_header("Content-Type", "application/octet-stream")
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("x-goog-generation", str(obj.generation))
+        self.send_header("x-goog-metageneration", "1")
+        self.send_header("x-goog-stored-content-length", str(total))
+        self.send_header("x-goog-stored-content-encoding", "identity")
+        self.send_header("x-goog-hash", f"crc32c={obj.crc32c},md5={obj.md5}")
+        if status == 206:
+            self.send_header("Content-Range", f"bytes {start}-{end}/{total}")
+        self.end_headers()
+        if fault == "truncate" and len(body) > 1:
+            self.wfile.write(body[: len(body) // 2])
+            self.wfile.flush()
+            self._reset()
+            return
+        self.wfile.write(body)
+
+
+def write_random_tree(root: str, *, classes: tuple[str, ...] = ("cats", "dogs", "birds"), per_class: int = 20,
+                      size: tuple[int, int] = (1000, 8000), seed: int = 0) -> dict[str, bytes]:
+    """Write ``classes x per_class`` random ``.png``-named files (bytes only) under ``root``.
+
+    Returns {rel path: bytes}; used by tests and benchmarks as the "local folder" truth.
+    """
+    rng = random.Random(seed)
+    tree: dict[str, bytes] = {}
+    for c in classes:
+        os.makedirs(os.path.join(root, c), exist_ok=True)
+        for i in range(per_class):
+            rel = f"{c}/{i:05d}.png"
+            data = rng.randbytes(rng.randint(*size))
+            with open(os.path.join(root, c, f"{i:05d}.png"), "wb") as f:
+                f.write(data)
+            tree[rel] = data
+    return tree
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Serve a directory (and/or a synthetic listing) until stdin closes or SIGTERM."""
+    p = argparse.ArgumentParser(prog="python -m dali_loader.fakegcs", description=__doc__.splitlines()[0])
+    p.add_argument("--root", help="directory served as the bucket")
+    p.add_argument("--bucket", default="b")
+    p.add_argument("--prefix", default="", help="object-name prefix for the files of --root")
+    p.add_argument("--synthetic", type=int, default=0, help="add N small synthetic objects")
+    p.add_argument("--port", type=int, default=0)
+    for field in dataclasses.fields(Faults):
+        p.add_argument("--" + field.name.replace("_", "-"), type=type(field.default), default=field.default)
+    args = p.parse_args(argv)
+    faults = Faults(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Faults)})
+    if args.root:
+        server = FakeGCS.from_directory(args.root, args.bucket, prefix=args.prefix, faults=faults)
+    else:
+        server = FakeGCS(args.bucket, faults=faults)
+    if args.synthetic:
+        server.add_synthetic(args.synthetic)
+    with server.start(args.port):
+        sys.stdout.write(f"FAKEGCS_URL {server.endpoint}\n")
+        sys.stdout.flush()
+        try:
+            sys.stdin.read()  # the parent closes our stdin to stop us
+        except KeyboardInterrupt:
+            pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,420 @@
+"""The TF-free loader: an index in, finite epochs of numpy batches out.
+
+One `BatchLoader` owns one DALI pipeline for its whole life. Each epoch:
+an order (a fresh permutation when shuffling) -> bounded read-ahead with many
+reads in flight -> byte checks -> DALI decode/resize -> (images, labels).
+Epochs are finite, every file appears exactly once, the last partial batch is
+kept, and a new epoch re-lists nothing and rebuilds nothing.
+
+A decode failure that slipped past the byte checks kills the DALI pipeline;
+the loader then decodes that batch's files one by one to name the culprit,
+rebuilds the pipeline, and raises (`on_error="raise"`) or drops the file and
+carries on (`on_error="skip"`).
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+
+from dali_loader.index import Index
+from dali_loader.pipeline import ImageSpec, build_pipeline, probe_decode
+from dali_loader.readahead import ReadAhead
+from dali_loader.sources import read_local
+from dali_loader.validate import CorruptImageError, prepare
+
+logger = logging.getLogger(__name__)
+
+ON_ERROR = ("raise", "skip")
+
+
+class _Batch:
+    __slots__ = ("positions", "paths", "arrays")
+
+    def __init__(self):
+        self.positions: list[int] = []
+        self.paths: list[str] = []
+        self.arrays: list[np.ndarray] = []
+
+
+class _EpochFeed:
+    """What DALI's external_source pulls from: batches for the current epoch.
+
+    The pipeline keeps one instance for its life; `start()` points it at a new
+    epoch's stream. Every batch handed to DALI is also queued in `in_flight`,
+    so outputs can be matched with their labels and files.
+    """
+
+    def __init__(self, owner: BatchLoader):
+        self.owner = owner
+        self.stream: Iterator[Any] | None = None
+        self.replay: collections.deque[_Batch] = collections.deque()
+        self.in_flight: collections.deque[_Batch] = collections.deque()
+
+    def start(self, stream: Iterator[Any] | None) -> None:
+        self.stream = stream
+        self.replay.clear()
+        self.in_flight.clear()
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> list[np.ndarray]:
+        if self.replay:
+            batch = self.replay.popleft()
+        else:
+            batch = self.owner._next_batch(self.stream)
+        if batch is None:
+            raise StopIteration
+        self.in_flight.append(batch)
+        return batch.arrays
+
+
+class BatchLoader:
+    """Finite epochs of decoded, resized image batches from an index.
+
+    Args:
+        index: The files and labels, in dataset order.
+        spec: The output image spec.
+        batch_size: Images per batch (the last batch may be smaller).
+        shuffle: Reshuffle the order every epoch.
+        seed: Seed of the per-epoch permutations.
+        read_fn: Reads one path to bytes (thread-safe); local files by default.
+        device: "cpu" or "gpu".
+        num_threads: DALI CPU threads (default: available cores).
+        on_error: "raise" or "skip" for files that cannot be read or decoded.
+        max_in_flight: Reads in flight (threads of the read-ahead pool).
+        read_ahead: Files read ahead of the decoder (default 2 batches, at
+            least `max_in_flight`).
+    """
+
+    def __init__(
+        self,
+        index: Index,
+        spec: ImageSpec,
+        *,
+        batch_size: int,
+        shuffle: bool = False,
+        seed: int | None = None,
+        read_fn: Callable[[str], bytes] | None = None,
+        device: str = "cpu",
+        num_threads: int | None = None,
+        on_error: str = "raise",
+        max_in_flight: int = 16,
+        read_ahead: int | None = None,
+    ):
+        if on_error not in ON_ERROR:
+            raise ValueError(
+                f"`on_error` must be one of {ON_ERROR}. Received: on_error={on_error}"
+            )
+        if device not in ("cpu", "gpu"):
+            raise ValueError(f'`device` must be "cpu" or "gpu". Received: device={device}')
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(
+                f"`batch_size` must be a positive integer. Received: batch_size={batch_size}"
+            )
+        self.index = index
+        self.spec = spec
+        self.batch_size = batch_size
+        self.shuffle = shuffle
+        self.seed = int(np.random.randint(1e6)) if seed is None else int(seed)
+        self.device = device
+        self.num_threads = num_threads
+        self.on_error = on_error
+        self.skipped: dict[str, str] = {}
+        self._read_fn = read_fn or read_local
+        window = max(read_ahead or 2 * batch_size, max_in_flight)
+        self._reader = ReadAhead(self._read_one, max_in_flight, window)
+        self._feed = _EpochFeed(self)
+        self._pipe = None
+        self._pipe_clean = False
+        self._active: object | None = None
+        self.epoch = 0
+        # Per epoch: set-up before the first pipeline run (order, read-ahead,
+        # pipeline (re)build), and time to the first batch.
+        self.epoch_setup_seconds: list[float] = []
+        self.epoch_start_seconds: list[float] = []
+
+    # -- sizes ---------------------------------------------------------------
+    @property
+    def num_files(self) -> int:
+        """Files per epoch (before any skipped file)."""
+        return len(self.index)
+
+    @property
+    def class_names(self) -> list[str] | None:
+        """Class names in label order."""
+        return self.index.class_names
+
+    def __len__(self) -> int:
+        return -(-len(self.index) // self.batch_size)
+
+    # -- reading -------------------------------------------------------------
+    def _read_one(self, pos: int) -> tuple[int, Any]:
+        path = self.index.paths[pos]
+        try:
+            data = self._read_fn(path)
+            return pos, prepare(data, path, rgba=self.spec.channels == 4)
+        except CorruptImageError as e:
+            return pos, e
+        except FileNotFoundError:
+            return pos, CorruptImageError(path, "the file disappeared since indexing")
+        except OSError as e:
+            return pos, CorruptImageError(path, f"read failed ({e})")
+
+    def _next_batch(self, stream: Iterator[Any] | None) -> _Batch | None:
+        """Collects up to batch_size good files from the epoch's stream."""
+        if stream is None:
+            return None
+        batch = _Batch()
+        for pos, item in stream:
+            if isinstance(item, Exception):
+                self._bad(self.index.paths[pos], item)
+                continue
+            batch.positions.append(pos)
+            batch.paths.append(self.index.paths[pos])
+            batch.arrays.append(np.frombuffer(item, dtype=np.uint8))
+            if len(batch.positions) == self.batch_size:
+                break
+        return batch if batch.positions else None
+
+    def _bad(self, path: str, err: Exception) -> None:
+        if self.on_error == "raise":
+            raise err
+        reason = getattr(err, "reason", str(err))
+        if path not in self.skipped:
+            logger.warning("Skipping %s: %s", path, reason)
+        self.skipped[path] = reason
+
+    # -- epochs --------------------------------------------------------------
+    def epoch_order(self, epoch: int) -> np.ndarray:
+        """The positions of `index` in the order epoch `epoch` reads them."""
+        n = len(self.index)
+        if not self.shuffle:
+            return np.arange(n)
+        return np.random.default_rng([self.seed, epoch]).permutation(n)
+
+    def _order_without_skipped(self, epoch: int) -> np.ndarray:
+        order = self.epoch_order(epoch)
+        if not self.skipped:
+            return order
+        bad = {i for i, p in enumerate(self.index.paths) if p in self.skipped}
+        return np.asarray([i for i in order if i not in bad], dtype=np.int64)
+
+    def _ensure_pipeline(self) -> None:
+        if self._pipe is not None and self._pipe_clean:
+            return
+        self._pipe = None  # drop a dead or half-consumed pipeline first
+        self._pipe = build_pipeline(
+            self._feed,
+            self.spec,
+            self.batch_size,
+            gpu=self.device == "gpu",
+            num_threads=self.num_threads,
+        )
+
+    def __iter__(self) -> Iterator[tuple[np.ndarray, np.ndarray | None]]:
+        """Yields one epoch of `(images, labels)`; labels is None when unlabelled.
+
+        One epoch runs at a time: starting a new one abandons an unfinished
+        one (its iterator just ends), as when Keras stops an epoch early.
+        """
+        t0 = time.perf_counter()
+        token = self._active = object()
+        epoch = self.epoch
+        self.epoch += 1
+        stream = self._reader.map(self._order_without_skipped(epoch).tolist())
+        self._feed.start(stream)
+        self._ensure_pipeline()
+        self._pipe_clean = False  # until the epoch runs to its end
+        self.epoch_setup_seconds.append(time.perf_counter() - t0)
+        first = True
+        try:
+            while self._active is token:
+                try:
+                    (out,) = self._pipe.run()
+                except StopIteration:
+                    break
+                except CorruptImageError:
+                    raise
+                except Exception as err:  # DALI's pipeline died on some file
+                    self._recover(err)
+                    continue
+                batch = self._feed.in_flight.popleft()
+                images = self._to_numpy(out)
+                labels = None
+                if self.index.labels is not None:
+                    labels = self.index.labels[batch.positions]
+                if first:
+                    self.epoch_start_seconds.append(time.perf_counter() - t0)
+                    first = False
+                yield images, labels
+            else:
+                return  # abandoned: a newer epoch owns the pipeline now
+            self._pipe.reset()
+            self._pipe_clean = True
+        finally:
+            if self._active is token:
+                stream.close()
+                self._feed.start(None)
+                self._active = None
+
+    def _to_numpy(self, out) -> np.ndarray:
+        if self.device == "gpu":
+            out = out.as_cpu()
+        return np.array(out.as_tensor())
+
+    def _recover(self, err: Exception) -> None:
+        """Names the file that killed the pipeline; raises or skips it."""
+        suspects = list(self._feed.in_flight)
+        culprits: dict[str, str] = {}
+        for batch in suspects:
+            for path, arr in zip(batch.paths, batch.arrays):
+                problem = probe_decode(arr, self.spec)
+                if problem:
+                    culprits[path] = problem
+            if culprits:
+                break
+        self._pipe = None
+        if not culprits:
+            raise RuntimeError(
+                f"The DALI pipeline failed and no single file reproduces it: {err}"
+            ) from err
+        if self.on_error == "raise":
+            path, problem = next(iter(culprits.items()))
+            raise CorruptImageError(path, f"the decoder failed ({problem})") from None
+        for path, problem in culprits.items():
+            self._bad(path, CorruptImageError(path, problem))
+        # Replay every batch DALI had taken, minus the bad files, into a new pipeline.
+        self._feed.replay.clear()
+        for batch in suspects:
+            keep = [i for i, p in enumerate(batch.paths) if p not in culprits]
+            if keep:
+                nb = _Batch()
+                nb.positions = [batch.positions[i] for i in keep]
+                nb.paths = [batch.paths[i] for i in keep]
+                nb.arrays = [batch.arrays[i] for i in keep]
+                self._feed.replay.append(nb)
+        self._feed.in_flight.clear()
+        self._ensure_pipeline()
+
+    def close(self) -> None:
+        """Releases the pipeline and the read threads."""
+        self._pipe = None
+        self._reader.close()
+
+    def __enter__(self) -> BatchLoader:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def dali_gpu_count() -> int:
+    """CUDA devices DALI can use (0 without a GPU or driver)."""
+    try:
+        from nvidia.dali.backend import GetCUDADeviceCount
+
+        return int(GetCUDADeviceCount())
+    except Exception:  # no driver, no CUDA runtime: CPU only
+        return 0
+
+
+def resolve_device(device: str | None) -> str:
+    """Maps None ("auto") to "gpu" when DALI sees a GPU, else "cpu"."""
+    if device not in (None, "auto", "cpu", "gpu"):
+        raise ValueError(
+            f'`device` must be None (auto), "cpu" or "gpu". Received: device={device}'
+        )
+    if device in (None, "auto"):
+        return "gpu" if dali_gpu_count() > 0 else "cpu"
+    if device == "gpu" and dali_gpu_count() == 0:
+        raise ValueError(
+            'device="gpu" was requested but DALI sees no CUDA GPU. Use device=None '
+            'to pick the CPU automatically, or check the driver and CUDA_VISIBLE_DEVICES.'
+        )
+    return device
+
+
+def open_loader(
+    source: str,
+    *,
+    batch_size: int = 32,
+    image_size: tuple[int, int] = (256, 256),
+    color_mode: str = "rgb",
+    interpolation: str = "bilinear",
+    crop_to_aspect_ratio: bool = False,
+    pad_to_aspect_ratio: bool = False,
+    shuffle: bool = True,
+    seed: int | None = None,
+    labels: str | None = "inferred",
+    class_names: list[str] | None = None,
+    follow_links: bool = False,
+    device: str | None = None,
+    num_threads: int | None = None,
+    on_error: str = "raise",
+    max_in_flight: int = 64,
+    cache_dir: str | None = None,
+    cache_max_bytes: int | None = None,
+) -> BatchLoader:
+    """Lists `source` (folder, FUSE path or URL) and returns its `BatchLoader`.
+
+    The TF-free entry point; `tf_adapter.image_dataset_from_directory` is the
+    Keras-exact one (argument checks, splits, label modes, tf.data output).
+    """
+    from dali_loader.index import build_index
+    from dali_loader.sources import list_source
+
+    channels = {"rgb": 3, "rgba": 4, "grayscale": 1}.get(color_mode)
+    if channels is None:
+        raise ValueError(
+            '`color_mode` must be one of {"rgb", "rgba", "grayscale"}. '
+            f"Received: color_mode={color_mode}"
+        )
+    listing = list_source(
+        source,
+        follow_links=follow_links,
+        cache_dir=cache_dir,
+        cache_max_bytes=cache_max_bytes,
+        max_in_flight=max_in_flight,
+        labels_inferred=labels == "inferred",
+    )
+    if seed is None:
+        seed = int(np.random.randint(1e6))
+    index = build_index(
+        listing.root,
+        listing.rel_files,
+        listing.subdirs,
+        labels=labels,
+        class_names=class_names,
+        shuffle=shuffle,
+        seed=seed,
+        join=listing.join,
+    )
+    if not len(index):
+        raise ValueError(f"No images found in directory {source}.")
+    spec = ImageSpec(
+        int(image_size[0]),
+        int(image_size[1]),
+        channels,
+        interpolation,
+        crop_to_aspect_ratio,
+        pad_to_aspect_ratio,
+    )
+    return BatchLoader(
+        index,
+        spec,
+        batch_size=batch_size,
+        shuffle=shuffle,
+        seed=seed,
+        read_fn=listing.read,
+        device=resolve_device(device),
+        num_threads=num_threads,
+        on_error=on_error,
+        max_in_flight=max_in_flight,
+    )

@@ -1,0 +1,393 @@
+"""Remote sources (``gs://`` and other fsspec schemes): listing and verified, cached fetching.
+
+``gs://`` goes through ``google-cloud-storage`` (Application Default Credentials,
+anonymous access when there are none, ``STORAGE_EMULATOR_HOST`` honoured) with an
+HTTP connection pool sized for ``max_in_flight`` concurrent downloads. Other schemes
+(``s3://``, ``az://``, ``memory://``, ...) go through fsspec. Every fetched object is
+verified (crc32c, else md5, else size), retried with exponential backoff and full
+jitter on transient failures, and kept in a :class:`~dali_loader.cache.DiskCache`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import re
+import time
+from typing import Iterator
+
+from dali_loader.cache import DiskCache, checksum_problem
+
+logger = logging.getLogger(__name__)
+
+_SCHEME_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)://")
+_MAX_WARNED = 20
+
+
+class ObjectFetchError(IOError):
+    """An object could not be fetched (after retries); ``.url`` names it."""
+
+    def __init__(self, url: str, reason: str):
+        super().__init__(f"Could not fetch {url}: {reason}")
+        self.url = url
+        self.reason = reason
+
+
+def is_remote(path: object) -> bool:
+    """True for ``scheme://...`` strings other than ``file://``."""
+    if not isinstance(path, str):
+        return False
+    m = _SCHEME_RE.match(path)
+    return bool(m) and m.group(1).lower() != "file"
+
+
+def parse_url(url: str) -> tuple[str, str, str]:
+    """Split ``scheme://bucket/prefix`` into (scheme, bucket, prefix); ``gcs`` becomes ``gs``."""
+    m = _SCHEME_RE.match(url) if isinstance(url, str) else None
+    if not m or m.group(1).lower() == "file":
+        raise ValueError(f"Expected a remote URL such as gs://bucket/prefix. Received: url={url!r}")
+    scheme = m.group(1).lower()
+    scheme = "gs" if scheme == "gcs" else scheme
+    bucket, _, prefix = url[m.end():].partition("/")
+    if not bucket:
+        raise ValueError(f"The URL has no bucket name. Received: url={url!r}")
+    return scheme, bucket, prefix.strip("/")
+
+
+def unsafe_reason(rel: str) -> str | None:
+    """Why ``rel`` (a '/'-separated name under the prefix) is unusable as a dataset path."""
+    body = rel[:-1] if rel.endswith("/") else rel
+    if rel.startswith("/"):
+        return "absolute or empty leading segment"
+    segments = body.split("/")
+    if any(s == "" for s in segments):
+        return "empty path segment ('//')"
+    if any(s in (".", "..") for s in segments):
+        return "'.' or '..' segment"
+    if any(ord(c) < 32 or c == "\x7f" for c in body):
+        return "control character"
+    if "\\" in body:
+        return "backslash (ambiguous path separator)"
+    return None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ObjectInfo:
+    """One object of a listing.
+
+    Attributes:
+        rel: name relative to the prefix, '/'-separated (ends with '/' for a
+            directory placeholder object).
+        name: full object name in the bucket.
+        size: size in bytes.
+        generation: the object generation ("" when the backend has none).
+        crc32c: base64 big-endian CRC32C as GCS gives it, or None.
+        md5: base64 MD5, or None.
+        bucket: the bucket.
+        scheme: the URL scheme ("gs", "s3", ...).
+    """
+
+    rel: str
+    name: str
+    size: int
+    generation: str
+    crc32c: str | None
+    md5: str | None
+    bucket: str = ""
+    scheme: str = "gs"
+
+    @property
+    def url(self) -> str:
+        """``scheme://bucket/name``."""
+        return f"{self.scheme}://{self.bucket}/{self.name}"
+
+
+def _describe(exc: BaseException) -> str:
+    code = getattr(exc, "code", None)
+    text = f"{type(exc).__name__}: {exc}"
+    if isinstance(code, int):
+        text = f"HTTP {code} ({text})"
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+# ------------------------------------------------------------------ backends
+class _GCSBackend:
+    """google-cloud-storage listing and downloads."""
+
+    def __init__(self, bucket: str, pool_size: int, timeout: float):
+        try:
+            from google.cloud import storage  # noqa: F401 - lazy, heavy import
+        except ImportError as e:
+            raise ImportError("Reading gs:// URLs needs google-cloud-storage: pip install google-cloud-storage") from e
+        self.client = _make_client()
+        _enlarge_pool(self.client, pool_size)
+        self.bucket = self.client.bucket(bucket)
+        self.timeout = (min(10.0, timeout), timeout)
+
+    def iter_objects(self, prefix: str) -> Iterator[tuple[str, int, str, str | None, str | None]]:
+        blobs = self.client.list_blobs(
+            self.bucket, prefix=prefix or None, page_size=1000, timeout=self.timeout, retry=_list_retry(),
+            fields="items(name,size,generation,crc32c,md5Hash),nextPageToken")
+        for b in blobs:
+            yield b.name, int(b.size or 0), str(b.generation or ""), b.crc32c, b.md5_hash
+
+    def iter_dirs(self, prefix: str) -> list[str]:
+        it = self.client.list_blobs(self.bucket, prefix=prefix or None, delimiter="/", page_size=1000,
+                                    timeout=self.timeout, retry=_list_retry(), fields="items(name),prefixes,nextPageToken")
+        for _ in it:  # consuming the pages fills it.prefixes
+            pass
+        return [p[len(prefix):].rstrip("/") for p in it.prefixes]
+
+    def download(self, info: ObjectInfo) -> bytes:
+        blob = self.bucket.blob(info.name, generation=int(info.generation) if info.generation else None)
+        # Our own loop retries and verifies against the listing's checksum, so
+        # the client's retry and header-checksum are off (no double work).
+        return blob.download_as_bytes(raw_download=True, checksum=None, retry=None,
+                                      timeout=self.timeout, single_shot_download=True)
+
+    @staticmethod
+    def retryable(exc: BaseException) -> bool:
+        from google.api_core import exceptions as api_exceptions
+        from google.cloud.storage.retry import _should_retry
+
+        if isinstance(exc, (api_exceptions.NotFound, api_exceptions.Forbidden,
+                            api_exceptions.Unauthorized, api_exceptions.BadRequest)):
+            return False
+        return _should_retry(exc) or isinstance(exc, (OSError, api_exceptions.GoogleAPICallError)) \
+            or type(exc).__name__ in ("DataCorruption", "InvalidResponse")
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def _list_retry():
+    """The client's default retry policy for listings, starting at 0.1 s instead of 1 s."""
+    from google.cloud.storage.retry import DEFAULT_RETRY
+
+    return DEFAULT_RETRY.with_delay(initial=0.1, maximum=10.0, multiplier=2.0)
+
+
+def _make_client():
+    """A storage client: emulator or ADC when available, anonymous otherwise."""
+    import google.auth
+    from google.auth.exceptions import DefaultCredentialsError
+    from google.cloud import storage
+
+    if os.environ.get("STORAGE_EMULATOR_HOST"):
+        return storage.Client()  # anonymous credentials against the emulator
+    try:
+        credentials, project = google.auth.default(
+            scopes=["https://www.googleapis.com/auth/devstorage.read_only"])
+    except DefaultCredentialsError:
+        logger.info("No Application Default Credentials; using anonymous access (public buckets only).")
+        return storage.Client.create_anonymous_client()
+    client = storage.Client(project=project or "<none>", credentials=credentials)
+    if not project:
+        client.project = None
+    return client
+
+
+def _enlarge_pool(client, pool_size: int) -> None:
+    """Give the client's requests session a connection pool of ``pool_size``.
+
+    The default requests pool keeps 10 connections per host; with more threads,
+    extra connections are opened and discarded on every request.
+    """
+    import requests
+
+    adapter = requests.adapters.HTTPAdapter(pool_connections=4, pool_maxsize=pool_size, max_retries=0)
+    session = client._http  # a google.auth AuthorizedSession (a requests.Session)
+    session.mount("https://", adapter)
+    session.mount("http://", adapter)
+
+
+class _FsspecBackend:
+    """Any fsspec filesystem (s3://, az://, memory://, ...)."""
+
+    def __init__(self, scheme: str, bucket: str):
+        import fsspec
+        from fsspec.registry import known_implementations
+
+        try:
+            self.fs = fsspec.filesystem(scheme)
+        except ImportError as e:
+            impl = known_implementations.get(scheme, {})
+            pkg = impl.get("class", scheme).split(".")[0]
+            raise ImportError(f"Reading {scheme}:// URLs needs the '{pkg}' package: pip install {pkg} "
+                              f"({impl.get('err', e)})") from e
+        except ValueError as e:
+            raise ValueError(f"Unknown URL scheme {scheme!r}; fsspec has no filesystem for it. "
+                             f"Received: scheme={scheme!r}") from e
+        self.scheme = scheme
+        self.bucket = bucket
+
+    def _path(self, name: str) -> str:
+        return self.fs._strip_protocol(f"{self.scheme}://{self.bucket}/{name}".rstrip("/"))
+
+    def iter_objects(self, prefix: str) -> Iterator[tuple[str, int, str, str | None, str | None]]:
+        root = self._path(prefix)
+        bucket_root = self._path("")
+        for path, d in sorted(self.fs.find(root, withdirs=False, detail=True).items()):
+            name = path[len(bucket_root):].lstrip("/")
+            gen = next((d[k] for k in ("generation", "VersionId", "ETag", "etag", "mtime",
+                                       "LastModified", "last_modified", "created") if d.get(k)), "")
+            yield name, int(d.get("size") or 0), str(gen), d.get("crc32c"), d.get("md5Hash")
+
+    def iter_dirs(self, prefix: str) -> list[str]:
+        root = self._path(prefix)
+        entries = self.fs.ls(root, detail=True)
+        return [e["name"].rstrip("/").rsplit("/", 1)[-1] for e in entries if e.get("type") == "directory"]
+
+    def download(self, info: ObjectInfo) -> bytes:
+        return self.fs.cat_file(self._path(info.name))
+
+    @staticmethod
+    def retryable(exc: BaseException) -> bool:
+        return not isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError,
+                                    NotADirectoryError, ValueError, ImportError, TypeError))
+
+    def close(self) -> None:
+        pass
+
+
+# ------------------------------------------------------------------ source
+class RemoteSource:
+    """A ``scheme://bucket/prefix`` dataset root: list it, fetch objects through the cache.
+
+    Build one with :func:`open_remote`. ``fetch`` is thread-safe and holds no lock
+    while downloading.
+    """
+
+    def __init__(self, url: str, backend, cache: DiskCache | None, *, max_attempts: int = 8,
+                 initial_backoff: float = 0.05, max_backoff: float = 5.0, deadline: float = 300.0):
+        self.scheme, self.bucket, self.prefix = parse_url(url)
+        self.url = f"{self.scheme}://{self.bucket}" + (f"/{self.prefix}" if self.prefix else "")
+        self.cache = cache
+        self._backend = backend
+        self._list_prefix = self.prefix + "/" if self.prefix else ""
+        self._max_attempts = max_attempts
+        self._backoff = (initial_backoff, max_backoff)
+        self._deadline = deadline
+
+    def list_objects(self) -> list[ObjectInfo]:
+        """Every object under the prefix (all pages), sorted by name.
+
+        Includes ``"dir/"`` placeholder objects (``rel`` ends with '/'). Names that
+        are unusable as dataset paths are dropped with a warning naming them.
+        """
+        out: list[ObjectInfo] = []
+        dropped: list[tuple[str, str]] = []
+        n = len(self._list_prefix)
+        for name, size, gen, crc, md5 in self._backend.iter_objects(self._list_prefix):
+            rel = name[n:]
+            if not rel:
+                continue  # the placeholder of the prefix itself
+            reason = unsafe_reason(rel)
+            if reason:
+                dropped.append((name, reason))
+                continue
+            out.append(ObjectInfo(rel, name, size, gen, crc, md5, self.bucket, self.scheme))
+        for name, reason in dropped[:_MAX_WARNED]:
+            logger.warning("Skipping %s://%s/%r: unusable as a dataset path (%s).",
+                           self.scheme, self.bucket, name, reason)
+        if len(dropped) > _MAX_WARNED:
+            logger.warning("Skipped %d more objects with unusable names under %s.",
+                           len(dropped) - _MAX_WARNED, self.url)
+        out.sort(key=lambda o: o.name)
+        return out
+
+    def list_class_dirs(self) -> list[str]:
+        """First-level "directories" under the prefix (sorted, without slashes)."""
+        dirs = self._backend.iter_dirs(self._list_prefix)
+        return sorted(d for d in dirs if d and unsafe_reason(d) is None)
+
+    def fetch(self, info: ObjectInfo) -> bytes:
+        """The verified bytes of ``info``: from the cache, else downloaded (and cached).
+
+        Raises:
+            ObjectFetchError: the object kept failing, or is gone/forbidden.
+        """
+        if self.cache is not None:
+            data = self.cache.get(self.bucket, info)
+            if data is not None:
+                return data
+        data = self._download_verified(info)
+        if self.cache is not None:
+            self.cache.put(self.bucket, info, data)
+        return data
+
+    def ensure_cached(self, info: ObjectInfo) -> bool:
+        """Make sure a verified copy is cached; True when it had to be downloaded."""
+        if self.cache is None:
+            raise ValueError("ensure_cached needs a cache. Received: cache=None")
+        if self.cache.contains(self.bucket, info):
+            return False
+        self.cache.put(self.bucket, info, self._download_verified(info))
+        return True
+
+    def _download_verified(self, info: ObjectInfo) -> bytes:
+        from google.api_core.retry import exponential_sleep_generator  # full jitter
+
+        delays = exponential_sleep_generator(*self._backoff, multiplier=2.0)
+        give_up_at = time.monotonic() + self._deadline
+        reason = "no attempt made"
+        for attempt in range(1, self._max_attempts + 1):
+            try:
+                data = self._backend.download(info)
+            except Exception as exc:  # classified below; permanent ones raise at once
+                if not self._backend.retryable(exc):
+                    if type(exc).__name__ == "NotFound" and info.generation:
+                        raise ObjectFetchError(info.url, f"not found at generation {info.generation} "
+                                               "(deleted or changed since it was listed)") from exc
+                    raise ObjectFetchError(info.url, _describe(exc)) from exc
+                reason = _describe(exc)
+            else:
+                problem = checksum_problem(data, info.size, info.crc32c, info.md5)
+                if problem is None:
+                    return data
+                reason = problem
+            delay = next(delays)
+            if attempt == self._max_attempts or time.monotonic() + delay > give_up_at:
+                break
+            logger.debug("Retrying %s in %.2fs (attempt %d): %s", info.url, delay, attempt, reason)
+            time.sleep(delay)
+        raise ObjectFetchError(info.url, f"{reason} (gave up after {attempt} attempts)")
+
+    def close(self) -> None:
+        """Close the HTTP session."""
+        self._backend.close()
+
+    def __enter__(self) -> "RemoteSource":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def open_remote(url: str, *, cache_dir: str | None = None, cache_max_bytes: int | None = None,
+                max_in_flight: int = 64, max_attempts: int = 8, timeout: float = 60.0) -> RemoteSource:
+    """Open ``gs://bucket/prefix`` (or another fsspec URL) with a disk cache.
+
+    Args:
+        url: ``gs://bucket/prefix``; ``gcs://``, ``s3://``, ``az://``... also work
+            (non-gs schemes need their fsspec package, e.g. ``s3fs``).
+        cache_dir: cache directory; default ``$XDG_CACHE_HOME/dali-loader``.
+        cache_max_bytes: cache size bound (LRU eviction); default half of the free
+            disk space.
+        max_in_flight: concurrent downloads the caller will run (sizes the HTTP
+            connection pool).
+        max_attempts: attempts per object before :class:`ObjectFetchError`.
+        timeout: per-request read timeout in seconds.
+    """
+    if not isinstance(max_in_flight, int) or max_in_flight < 1:
+        raise ValueError(f"max_in_flight must be a positive integer. Received: max_in_flight={max_in_flight!r}")
+    if not isinstance(max_attempts, int) or max_attempts < 1:
+        raise ValueError(f"max_attempts must be a positive integer. Received: max_attempts={max_attempts!r}")
+    scheme, bucket, _ = parse_url(url)
+    if scheme == "gs":
+        backend = _GCSBackend(bucket, pool_size=max_in_flight + 4, timeout=timeout)
+    else:
+        backend = _FsspecBackend(scheme, bucket)
+    cache = DiskCache(cache_dir, cache_max_bytes)
+    return RemoteSource(url, backend, cache, max_attempts=max_attempts)

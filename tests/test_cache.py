@@ -1,0 +1,129 @@
+"""The disk cache: verification, atomicity, LRU bound, sharing between processes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from dali_loader.cache import DiskCache, checksum_problem, default_cache_dir
+from dali_loader.fakegcs import FakeGCS, b64_crc32c, b64_md5, write_random_tree
+from dali_loader.remote import ObjectInfo, open_remote
+
+pytestmark = pytest.mark.timeout(180)
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def info(name: str, data: bytes, gen: str = "1", md5_only: bool = False) -> ObjectInfo:
+    crc = None if md5_only else b64_crc32c(data)
+    return ObjectInfo(name, name, len(data), gen, crc, b64_md5(data), "bkt")
+
+
+def test_roundtrip_and_verification(tmp_path):
+    cache = DiskCache(str(tmp_path), max_bytes=10**6)
+    a = info("c/a.png", b"A" * 1000)
+    assert cache.get("bkt", a) is None
+    assert cache.put("bkt", a, b"A" * 1000)
+    assert cache.get("bkt", a) == b"A" * 1000
+    assert cache.get("other-bucket", a) is None  # keyed by bucket
+    assert cache.get("bkt", info("c/a.png", b"A" * 1000, gen="2")) is None  # and generation
+    path = cache.path_for("bkt", a)
+    assert os.path.dirname(os.path.dirname(path)).startswith(str(tmp_path)) and "a.png" not in path
+
+    blob = open(path, "rb").read()
+    for bad in (blob[:-1], blob[: len(blob) // 2], blob[:-1] + bytes([blob[-1] ^ 1]), b"", b"garbage"):
+        with open(path, "wb") as f:  # a partial or corrupt file is never trusted
+            f.write(bad)
+        assert cache.get("bkt", a) is None
+        assert not os.path.exists(path)  # and removed
+    m = info("m.png", b"md5 only", md5_only=True)
+    cache.put("bkt", m, b"md5 only")
+    assert cache.get("bkt", m) == b"md5 only"
+
+
+def test_checksum_problem():
+    data = b"hello"
+    assert checksum_problem(data, 5, b64_crc32c(data), b64_md5(data)) is None
+    assert "size" in checksum_problem(data, 6, None, None)
+    assert "crc32c" in checksum_problem(b"hellp", 5, b64_crc32c(data), None)
+    assert "md5" in checksum_problem(b"hellp", 5, None, b64_md5(data))
+    with pytest.raises(ValueError, match="max_bytes"):
+        DiskCache("/tmp/never-created-dali", max_bytes=0)
+
+
+def test_lru_eviction_keeps_recently_used(tmp_path):
+    cache = DiskCache(str(tmp_path), max_bytes=10_000)
+    objs = [info(f"o{i}", bytes([i]) * 1000) for i in range(30)]
+    for i, o in enumerate(objs):
+        cache.put("bkt", o, bytes([i]) * 1000)
+        if i >= 1:
+            time.sleep(0.002)  # distinct mtimes
+            assert cache.get("bkt", objs[0]) is not None, i  # keep touching o0: it stays
+        assert cache.stats().bytes <= 10_000 + 30 * 200  # payload bound (+ small headers)
+    assert cache.get("bkt", objs[0]) is not None
+    assert cache.get("bkt", objs[1]) is None  # the least recently used went first
+    assert cache.get("bkt", objs[-1]) is not None
+    assert not cache.put("bkt", info("huge", b"x" * 20_000), b"x" * 20_000)  # never fits: not cached
+
+
+def test_dataset_larger_than_cache(tmp_path, monkeypatch):
+    files = write_random_tree(str(tmp_path / "local"), per_class=20, size=(3000, 3000), seed=9)
+    total = sum(len(v) for v in files.values())
+    with FakeGCS.from_directory(str(tmp_path / "local")) as server:
+        monkeypatch.setenv("STORAGE_EMULATOR_HOST", server.endpoint)
+        with open_remote("gs://b", cache_dir=str(tmp_path / "c"), cache_max_bytes=total // 3) as src:
+            objs = src.list_objects()
+            for _ in range(2):
+                assert {o.rel: src.fetch(o) for o in objs} == files
+                assert src.cache.stats().bytes <= total // 3 + len(objs) * 200
+        assert server.counts["media"] > len(objs)  # evicted objects were fetched again
+
+
+_WORKER = r"""
+import os, sys
+from concurrent.futures import ThreadPoolExecutor
+from dali_loader.fakegcs import write_random_tree
+from dali_loader.remote import open_remote
+files = write_random_tree(sys.argv[2] + "/truth-" + str(os.getpid()), per_class=30, size=(1000, 3000), seed=11)
+with open_remote("gs://b", cache_dir=sys.argv[1], cache_max_bytes=10**8) as src:
+    objs = src.list_objects()
+    with ThreadPoolExecutor(16) as pool:
+        for _ in range(2):
+            got = dict(zip((o.rel for o in objs), pool.map(src.fetch, objs)))
+            if got != files:
+                sys.exit(3)
+"""
+
+
+def test_processes_share_one_cache(tmp_path, monkeypatch):
+    files = write_random_tree(str(tmp_path / "local"), per_class=30, size=(1000, 3000), seed=11)
+    cache_dir = str(tmp_path / "shared-cache")
+    with FakeGCS.from_directory(str(tmp_path / "local")) as server:
+        env = dict(os.environ, STORAGE_EMULATOR_HOST=server.endpoint, PYTHONPATH=REPO)
+        procs = [subprocess.Popen([sys.executable, "-c", _WORKER, cache_dir, str(tmp_path)], env=env)
+                 for _ in range(3)]
+        codes = [p.wait(timeout=120) for p in procs]
+        assert codes == [0, 0, 0]
+        assert server.counts["media"] >= len(files)
+    stats = DiskCache(cache_dir).stats()
+    assert stats.objects == len(files) and stats.temp_files == 0
+
+
+def test_stale_temp_files_removed_and_default_dir(tmp_path, monkeypatch):
+    cache = DiskCache(str(tmp_path / "c"))
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    stale = os.path.join(cache.root, "v1", "tmp", f"{dead}.abc.tmp")
+    mine = os.path.join(cache.root, "v1", "tmp", f"{os.getpid()}.abc.tmp")
+    for p in (stale, mine):
+        open(p, "wb").write(b"partial")
+    assert DiskCache(str(tmp_path / "c")).stats().temp_files == 1  # a live writer's file stays
+    assert not os.path.exists(stale)
+    os.unlink(mine)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert default_cache_dir() == str(tmp_path / "xdg" / "dali-loader")
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    assert default_cache_dir() == os.path.join(os.path.expanduser("~"), ".cache", "dali-loader")

@@ -1,0 +1,354 @@
+"""`image_dataset_from_directory`: Keras's function, with DALI underneath.
+
+Same signature, defaults, argument errors, file discovery, class order,
+labels, splits, messages, element_spec, `class_names` and `file_paths` as
+`keras.utils.image_dataset_from_directory` (Keras 3); then keyword-only loader
+options. Images come from a `dali_loader.BatchLoader` (DALI decode + resize,
+on the GPU when there is one) through `tf.data.Dataset.from_generator`, one
+Python call per batch.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from dali_loader.index import ALLOWLIST_FORMATS, build_index, split
+from dali_loader.loader import BatchLoader, resolve_device
+from dali_loader.pipeline import INTERPOLATIONS, ImageSpec
+from dali_loader.sources import list_source
+
+logger = logging.getLogger(__name__)
+
+
+def _tf():
+    try:
+        import tensorflow as tf
+    except ImportError as e:
+        raise ImportError(
+            "tf_adapter needs TensorFlow: pip install tensorflow (or run `make install`)."
+        ) from e
+    return tf
+
+
+def _check_args(labels, label_mode, class_names, color_mode, image_size,
+                interpolation, format, validation_split, subset, shuffle, seed):
+    """Keras's argument checks, in Keras's order, with Keras's messages."""
+    if labels not in ("inferred", None):
+        if not isinstance(labels, (list, tuple)):
+            raise ValueError(
+                "`labels` argument should be a list/tuple of integer labels, "
+                "of the same size as the number of image files in the target "
+                "directory. If you wish to infer the labels from the "
+                "subdirectory "
+                'names in the target directory, pass `labels="inferred"`. '
+                "If you wish to get a dataset that only contains images "
+                f"(no labels), pass `labels=None`. Received: labels={labels}"
+            )
+        if class_names:
+            raise ValueError(
+                "You can only pass `class_names` if "
+                f'`labels="inferred"`. Received: labels={labels}, and '
+                f"class_names={class_names}"
+            )
+    if label_mode not in {"int", "categorical", "binary", None}:
+        raise ValueError(
+            '`label_mode` argument must be one of "int", '
+            '"categorical", "binary", '
+            f"or None. Received: label_mode={label_mode}"
+        )
+    channels = {"rgb": 3, "rgba": 4, "grayscale": 1}.get(color_mode)
+    if channels is None:
+        raise ValueError(
+            '`color_mode` must be one of {"rgb", "rgba", "grayscale"}. '
+            f"Received: color_mode={color_mode}"
+        )
+    if isinstance(image_size, int):
+        image_size = (image_size, image_size)
+    elif not isinstance(image_size, (list, tuple)) or not len(image_size) == 2:
+        raise ValueError(
+            "Invalid `image_size` value. Expected a tuple of 2 integers. "
+            f"Received: image_size={image_size}"
+        )
+    interpolation = interpolation.lower()
+    if interpolation not in INTERPOLATIONS:
+        raise ValueError(
+            "Argument `interpolation` should be one of "
+            f"{INTERPOLATIONS}. "
+            f"Received: interpolation={interpolation}"
+        )
+    if format not in ("tf", "grain"):
+        raise ValueError(
+            '`format` should be either "tf" or "grain". '
+            f"Received: format={format}"
+        )
+    if format == "grain":
+        raise ValueError(
+            'tf_adapter returns tf.data datasets only; format="grain" is not '
+            'supported. Use format="tf". Received: format=grain'
+        )
+    if validation_split and not 0 < validation_split < 1:
+        raise ValueError(
+            "`validation_split` must be between 0 and 1, "
+            f"received: {validation_split}"
+        )
+    if (validation_split or subset) and not (validation_split and subset):
+        raise ValueError(
+            "If `subset` is set, `validation_split` must be set, and inversely."
+        )
+    if subset not in ("training", "validation", "both", None):
+        raise ValueError(
+            '`subset` must be either "training", '
+            f'"validation" or "both", received: {subset}'
+        )
+    if validation_split and shuffle and seed is None:
+        raise ValueError(
+            "If using `validation_split` and shuffling the data, you must "
+            "provide a `seed` argument, to make sure that there is no "
+            "overlap between the training and validation subset."
+        )
+    return channels, tuple(image_size), interpolation
+
+
+def _check_loader_args(on_error, num_threads, max_in_flight, cache_max_bytes):
+    if on_error not in ("raise", "skip"):
+        raise ValueError(
+            f'`on_error` must be "raise" or "skip". Received: on_error={on_error}'
+        )
+    if num_threads is not None and (not isinstance(num_threads, int) or num_threads < 1):
+        raise ValueError(
+            f"`num_threads` must be a positive integer or None. Received: num_threads={num_threads}"
+        )
+    if not isinstance(max_in_flight, int) or max_in_flight < 1:
+        raise ValueError(
+            f"`max_in_flight` must be a positive integer. Received: max_in_flight={max_in_flight}"
+        )
+    if cache_max_bytes is not None and cache_max_bytes <= 0:
+        raise ValueError(
+            f"`cache_max_bytes` must be positive or None. Received: cache_max_bytes={cache_max_bytes}"
+        )
+
+
+def _data_format(data_format):
+    if data_format is None:
+        import keras
+
+        data_format = keras.config.image_data_format()
+    data_format = str(data_format).lower()
+    if data_format not in {"channels_first", "channels_last"}:
+        raise ValueError(
+            "The `data_format` argument must be one of "
+            "{'channels_first', 'channels_last'}. "
+            f"Received: data_format={data_format}"
+        )
+    return data_format
+
+
+def _to_dataset(loader: BatchLoader, batch_size, label_mode, num_classes, known_size):
+    """Wraps a loader as a finite, batched tf.data.Dataset like Keras's."""
+    tf = _tf()
+    spec = loader.spec
+    img_dtype = tf.uint8 if spec.output_uint8 else tf.float32
+    img_sig = tf.TensorSpec((None, *spec.shape), img_dtype)
+    if label_mode:
+        sig = (img_sig, tf.TensorSpec((None,), tf.int32))
+
+        def gen():
+            yield from loader
+    else:
+        sig = img_sig
+
+        def gen():
+            for images, _ in loader:
+                yield images
+
+    ds = tf.data.Dataset.from_generator(gen, output_signature=sig)
+    if label_mode == "categorical":
+        ds = ds.map(lambda x, y: (x, tf.one_hot(y, num_classes)))
+    elif label_mode == "binary":
+        ds = ds.map(lambda x, y: (x, tf.expand_dims(tf.cast(y, "float32"), -1)))
+    if batch_size is None:
+        ds = ds.unbatch()
+    if known_size:
+        size = len(loader) if batch_size else loader.num_files
+        ds = ds.apply(tf.data.experimental.assert_cardinality(size))
+    ds = ds.prefetch(2)
+    ds._dali_loader = loader  # keeps the pipeline alive with the dataset
+    return ds
+
+
+def image_dataset_from_directory(
+    directory,
+    labels="inferred",
+    label_mode="int",
+    class_names=None,
+    color_mode="rgb",
+    batch_size=32,
+    image_size=(256, 256),
+    shuffle=True,
+    seed=None,
+    validation_split=None,
+    subset=None,
+    interpolation="bilinear",
+    follow_links=False,
+    crop_to_aspect_ratio=False,
+    pad_to_aspect_ratio=False,
+    data_format=None,
+    format="tf",
+    verbose=True,
+    *,
+    device=None,
+    num_threads=None,
+    on_error="raise",
+    max_in_flight=64,
+    cache_dir=None,
+    cache_max_bytes=None,
+):
+    """Generates a `tf.data.Dataset` from image files in a directory.
+
+    Drop-in for `keras.utils.image_dataset_from_directory`: see its
+    documentation for the positional arguments, which behave the same.
+    `directory` may also be a FUSE mount or a `gs://bucket/prefix` URL.
+
+    Args:
+        device: None (GPU when both TF and DALI see one, else CPU), "cpu" or "gpu".
+        num_threads: DALI CPU threads (default: cores available).
+        on_error: "raise" (an exception naming the file) or "skip" (leave bad
+            files out, log each; the dataset's cardinality is then unknown).
+        max_in_flight: Reads in flight (remote requests or local file reads).
+        cache_dir: Local cache folder for remote URLs (default under
+            `~/.cache/dali-loader`).
+        cache_max_bytes: Cache size bound, least recently used evicted first.
+
+    Returns:
+        A `tf.data.Dataset`, or a list of two for `subset="both"`, each with
+        `.class_names` and `.file_paths`.
+    """
+    channels, image_size, interpolation = _check_args(
+        labels, label_mode, class_names, color_mode, image_size, interpolation,
+        format, validation_split, subset, shuffle, seed,
+    )
+    if labels is None or label_mode is None:
+        labels = None
+        label_mode = None
+    _check_loader_args(on_error, num_threads, max_in_flight, cache_max_bytes)
+    device = resolve_tf_device(device)
+    if pad_to_aspect_ratio and crop_to_aspect_ratio:
+        raise ValueError(
+            "Only one of `pad_to_aspect_ratio`, `crop_to_aspect_ratio`"
+            " can be set to `True`."
+        )
+    if seed is None:
+        seed = np.random.randint(1e6)
+    listing = list_source(
+        str(directory), follow_links=follow_links, cache_dir=cache_dir,
+        cache_max_bytes=cache_max_bytes, max_in_flight=max_in_flight,
+        labels_inferred=labels == "inferred",
+    )
+    index = build_index(
+        listing.root, listing.rel_files, listing.subdirs, labels=labels,
+        class_names=class_names, shuffle=shuffle, seed=seed, join=listing.join,
+    )
+    if verbose:
+        if index.labels is None:
+            print(f"Found {len(index)} files.")
+        else:
+            print(f"Found {len(index)} files belonging to {len(index.class_names)} classes.")
+    class_names = index.class_names
+    if label_mode == "binary" and len(class_names) != 2:
+        raise ValueError(
+            'When passing `label_mode="binary"`, there must be exactly 2 '
+            f"class_names. Received: class_names={class_names}"
+        )
+    data_format = _data_format(data_format)
+    spec = ImageSpec(
+        int(image_size[0]), int(image_size[1]), channels, interpolation,
+        bool(crop_to_aspect_ratio), bool(pad_to_aspect_ratio),
+        data_format == "channels_first",
+    )
+
+    def make(sub_index, sub_shuffle):
+        loader = BatchLoader(
+            sub_index, spec, batch_size=batch_size or 32, shuffle=sub_shuffle,
+            seed=seed, read_fn=listing.read, device=device, num_threads=num_threads,
+            on_error=on_error, max_in_flight=max_in_flight,
+        )
+        ds = _to_dataset(loader, batch_size, label_mode,
+                         len(class_names) if class_names else 0, on_error == "raise")
+        ds.class_names = class_names
+        ds.file_paths = list(sub_index.paths)
+        return ds
+
+    def no_images(what=""):
+        return ValueError(
+            f"No {what}images found in directory {directory}. "
+            f"Allowed formats: {ALLOWLIST_FORMATS}"
+        )
+
+    if subset == "both":
+        train = _announce(index, validation_split, "training")
+        val = _announce(index, validation_split, "validation")
+        if not train.paths:
+            raise no_images("training ")
+        if not val.paths:
+            raise no_images("validation ")
+        return [make(train, shuffle), make(val, False)]
+    sub = _announce(index, validation_split, subset)
+    if not sub.paths:
+        raise no_images()
+    return make(sub, shuffle)
+
+
+def _announce(index, validation_split, subset):
+    """Splits like Keras, printing Keras's "Using N files for ..." line."""
+    sub = split(index, validation_split, subset)
+    if validation_split:
+        print(f"Using {len(sub)} files for {subset}.")
+    return sub
+
+
+def resolve_tf_device(device):
+    """None -> "gpu" when TF and DALI both see a GPU; sets TF memory growth.
+
+    TF grabs nearly all GPU memory by default, which starves DALI; memory
+    growth (or the `cuda_malloc_async` allocator) lets both share one GPU.
+    """
+    if device not in (None, "auto", "cpu", "gpu"):
+        raise ValueError(
+            f'`device` must be None (auto), "cpu" or "gpu". Received: device={device}'
+        )
+    if device == "cpu":
+        return "cpu"
+    tf = _tf()
+    gpus = tf.config.list_physical_devices("GPU")
+    if not gpus:
+        if device == "gpu":
+            raise ValueError(
+                'device="gpu" was requested but TensorFlow sees no GPU. Install '
+                "TensorFlow with CUDA (pip install 'tensorflow[and-cuda]') or use device=None."
+            )
+        return "cpu"
+    dali_device = resolve_device(device)
+    if dali_device == "gpu":
+        share_gpu_with_dali(tf, gpus)
+    return dali_device
+
+
+def share_gpu_with_dali(tf, gpus) -> None:
+    """Turns on TF memory growth unless the async allocator is in use."""
+    import os
+
+    if os.environ.get("TF_GPU_ALLOCATOR") == "cuda_malloc_async":
+        return  # the async allocator does not pre-reserve the whole device
+    for gpu in gpus:
+        try:
+            tf.config.experimental.set_memory_growth(gpu, True)
+        except RuntimeError:
+            logger.warning(
+                "TensorFlow's GPU is already initialised, so memory growth cannot be "
+                "turned on; DALI may run out of GPU memory. Call "
+                "image_dataset_from_directory before building the model, or set "
+                "TF_GPU_ALLOCATOR=cuda_malloc_async."
+            )
+            return
