@@ -135,6 +135,7 @@ class BatchLoader:
         self._pipe_clean = False
         self._active: object | None = None
         self.epoch = 0
+        self.pipeline_builds = 0
         # Per epoch: set-up before the first pipeline run (order, read-ahead,
         # pipeline (re)build), and time to the first batch.
         self.epoch_setup_seconds: list[float] = []
@@ -210,6 +211,7 @@ class BatchLoader:
         if self._pipe is not None and self._pipe_clean:
             return
         self._pipe = None  # drop a dead or half-consumed pipeline first
+        self.pipeline_builds += 1
         self._pipe = build_pipeline(
             self._feed,
             self.spec,
@@ -267,7 +269,9 @@ class BatchLoader:
     def _to_numpy(self, out) -> np.ndarray:
         if self.device == "gpu":
             out = out.as_cpu()
-        return np.array(out.as_tensor())
+        if out.is_dense_tensor():
+            return np.array(out.as_tensor())
+        return np.stack([np.asarray(t) for t in out])  # e.g. after fn.slice
 
     def _recover(self, err: Exception) -> None:
         """Names the file that killed the pipeline; raises or skips it."""

@@ -134,7 +134,8 @@ def _crop_box(dali, img, th: int, tw: int):
     y0 = trunc(fn.cast(h - ch, dtype=f32) / 2.0)
     x0 = trunc(fn.cast(w - cw, dtype=f32) / 2.0)
     return fn.slice(
-        img, fn.stack(y0, x0), fn.stack(ch, cw), axes=[0, 1], out_of_bounds_policy="error"
+        img, start=fn.stack(y0, x0), shape=fn.stack(ch, cw), axes=[0, 1],
+        out_of_bounds_policy="error",
     )
 
 
@@ -175,8 +176,8 @@ def image_graph(dali, encoded, spec: ImageSpec, gpu: bool):
         img = fn.resize(img, size=size, **resize_kw)
         img = fn.slice(
             img,
-            -offset,
-            (float(th), float(tw)),
+            start=-fn.cast(offset, dtype=t.INT32),
+            shape=[th, tw],
             axes=[0, 1],
             out_of_bounds_policy="pad",
             fill_values=0,

@@ -1,0 +1,52 @@
+"""`dali-loader`: the command line (prefetch, cache, diagnose, bench).
+
+Each subcommand lives in its own `cmd_*` module with `add_parsers(subparsers)`;
+this file only wires them together.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+_COMMAND_MODULES = ("cmd_cache", "cmd_diagnose", "cmd_bench")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The top-level parser with every subcommand registered."""
+    parser = argparse.ArgumentParser(
+        prog="dali-loader",
+        description="Keep the GPU fed from image folders on disk, FUSE or gs://.",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in _COMMAND_MODULES:
+        importlib.import_module(f"dali_loader.{name}").add_parsers(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Runs the CLI; returns the process exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(levelname)s %(name)s: %(message)s",
+    )
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except (FileNotFoundError, ValueError, ImportError) as e:
+        print(f"dali-loader {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

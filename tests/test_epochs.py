@@ -1,0 +1,105 @@
+"""Finite epochs: each file once, partial batch kept, reshuffled, nothing redone."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+keras = pytest.importorskip("keras")
+tf = pytest.importorskip("tensorflow")
+
+from tf_adapter import image_dataset_from_directory as ours  # noqa: E402
+
+
+def ids_of(batch) -> list[int]:
+    return [int(round(float(x[0, 0, 0]) / 10)) for x in batch.numpy()]
+
+
+def test_each_file_once_partial_batch_kept_and_reshuffled(id_tree):
+    ds = ours(str(id_tree), label_mode=None, image_size=(8, 8), batch_size=5, seed=4)
+    assert int(ds.cardinality()) == 5
+    orders = []
+    for _ in range(3):
+        sizes, order = [], []
+        for b in ds:
+            sizes.append(int(b.shape[0]))
+            order += ids_of(b)
+        assert sizes == [5, 5, 5, 5, 3]
+        assert sorted(order) == list(range(23))
+        orders.append(order)
+    assert orders[0] != orders[1] != orders[2]
+    loader = ds._dali_loader
+    assert loader.pipeline_builds == 1  # one DALI pipeline for every epoch
+    assert len(loader.epoch_setup_seconds) == 3
+
+
+def test_same_seed_same_epoch_orders(id_tree):
+    a = ours(str(id_tree), label_mode=None, image_size=(8, 8), batch_size=23, seed=9)
+    b = ours(str(id_tree), label_mode=None, image_size=(8, 8), batch_size=23, seed=9)
+    for _ in range(2):
+        assert ids_of(next(iter(a))) == ids_of(next(iter(b)))
+
+
+def test_unshuffled_order_and_labels_match_keras(id_tree):
+    ref = keras.utils.image_dataset_from_directory(str(id_tree), image_size=(8, 8),
+                                                   batch_size=4, shuffle=False)
+    got = ours(str(id_tree), image_size=(8, 8), batch_size=4, shuffle=False)
+    for (rx, ry), (gx, gy) in zip(ref, got):
+        assert ids_of(gx) == ids_of(rx)
+        np.testing.assert_array_equal(gy.numpy(), ry.numpy())
+
+
+def test_new_epoch_does_not_relist(tmp_path, id_tree):
+    root = tmp_path / "t"
+    shutil.copytree(id_tree, root)
+    ds = ours(str(root), label_mode=None, image_size=(8, 8), batch_size=8, shuffle=False)
+    assert sum(len(ids_of(b)) for b in ds) == 23
+    shutil.copy(root / "even" / "000.png", root / "even" / "zzz.png")
+    assert sum(len(ids_of(b)) for b in ds) == 23  # the index is fixed at creation
+    assert ds.file_paths == sorted(ds.file_paths, key=lambda p: ("odd" in p, p))
+
+
+def test_abandoned_epoch_then_full_epoch(id_tree):
+    ds = ours(str(id_tree), label_mode=None, image_size=(8, 8), batch_size=4, seed=1)
+    for _ in ds.take(2):
+        pass
+    order = [i for b in ds for i in ids_of(b)]
+    assert sorted(order) == list(range(23))
+
+
+def test_model_fit_runs_unchanged_with_validation(id_tree):
+    train, val = ours(str(id_tree), image_size=(16, 16), batch_size=6,
+                      validation_split=0.3, subset="both", seed=2)
+    model = keras.Sequential([
+        keras.Input((16, 16, 3)),
+        keras.layers.Rescaling(1 / 255),
+        keras.layers.Conv2D(4, 3, activation="relu"),
+        keras.layers.GlobalAveragePooling2D(),
+        keras.layers.Dense(2),
+    ])
+    model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    hist = model.fit(train, validation_data=val, epochs=3, verbose=0)
+    assert len(hist.history["loss"]) == 3 and len(hist.history["val_loss"]) == 3
+    assert all(np.isfinite(hist.history["loss"]))
+    assert train._dali_loader.pipeline_builds == 1
+    assert train._dali_loader.epoch == 3
+
+
+def test_dali_loader_core_works_without_tensorflow(id_tree):
+    code = (
+        "import sys\n"
+        "from dali_loader.loader import open_loader\n"
+        f"L = open_loader({str(id_tree)!r}, batch_size=10, image_size=(8, 8), device='cpu')\n"
+        "n = sum(len(x) for x, y in L)\n"
+        "assert n == 23, n\n"
+        "assert 'tensorflow' not in sys.modules and 'tf_adapter' not in sys.modules\n"
+        "print('ok', len(L))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "ok 3" in out.stdout
