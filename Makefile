@@ -6,6 +6,8 @@ VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 TF_VERSION ?= 2.21.0
 DALI_VERSION ?= 2.4.0
+# With an NVIDIA driver present, TF's CUDA wheels come along; otherwise the CPU build.
+TF_PKG ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo 'tensorflow[and-cuda]' || echo tensorflow)
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
 .PHONY: install test test-fast demo gpu-check bench clean
@@ -16,7 +18,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m venv $(VENV)
 	$(VPY) -m pip install -q --upgrade pip
 	# 1. TensorFlow first: the DALI TF plugin is compiled against it.
-	$(VPY) -m pip install -q "tensorflow==$(TF_VERSION)" "nvidia-dali-cuda120==$(DALI_VERSION)"
+	$(VPY) -m pip install -q "$(TF_PKG)==$(TF_VERSION)" "nvidia-dali-cuda120==$(DALI_VERSION)"
 	# 2. The plugin (an sdist, about a minute of g++), against the installed TF.
 	$(VPY) -m pip install -q --no-build-isolation "nvidia-dali-tf-plugin-cuda120==$(DALI_VERSION)"
 	# 3. The project, editable, with its test and benchmark extras.
@@ -27,7 +29,7 @@ test: install
 	$(VPY) -m pytest -q -ra
 
 demo: install
-	$(VPY) -m dali_loader.cli demo
+	$(VPY) benchmarks/demo.py
 
 bench: install
 	$(VPY) benchmarks/bench_local.py

@@ -291,7 +291,7 @@ def plot_throughput(res: dict[str, Any], path: str) -> str:
     a2.invert_yaxis()
     a2.set_xlim(0, 105)
     a2.set_xlabel("% of step time waiting for input (lower is better)")
-    a2.set_title("Input wait (dashed: >5% moderately, >20% highly input-bound)", fontsize=10)
+    a2.set_title("Input wait\n(dashed: >5% moderately, >20% highly input-bound)", fontsize=10)
     fig.suptitle(f"{res['source']}  |  batch {res['batch_size']}, step {res['step_time']:g} s, "
                  f"{res['cores']} cores", fontsize=10)
     fig.tight_layout()

@@ -27,7 +27,7 @@ from typing import Any, Callable, Sequence
 logger = logging.getLogger(__name__)
 
 __all__ = ["Measurements", "verdict", "run_diagnose", "format_report", "interp_rate",
-           "list_source", "make_fetcher", "LEVELS"]
+           "list_objects_raw", "make_fetcher", "LEVELS"]
 
 LEVELS = (1, 8, 32, 128)
 IMAGE_EXTS = (".bmp", ".gif", ".jpeg", ".jpg", ".png")
@@ -156,7 +156,7 @@ def verdict(m: Measurements) -> dict[str, Any]:
 
 
 # ----------------------------------------------------------------------------- measuring
-def list_source(source: str) -> list[tuple[str, int]]:
+def list_objects_raw(source: str) -> list[tuple[str, int]]:
     """Lists image files (Keras's allowlist) under ``source`` as (path or gs:// URL, size)."""
     source = str(source).rstrip("/")
     if source.startswith("gs://"):
@@ -300,7 +300,7 @@ def run_diagnose(source: str, *, step_time: float = 0.0, batch_size: int = 32,
         raise ValueError(f"image_size must be (height, width) > 0. Received: image_size={image_size}")
     cores = os.cpu_count() or 1
     t0 = time.perf_counter()
-    files = list_source(source)
+    files = list_objects_raw(source)
     listing_s = time.perf_counter() - t0
     if not files:
         raise ValueError(f"No images found in {source}. Received: source={source!r}")

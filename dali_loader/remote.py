@@ -10,11 +10,14 @@ jitter on transient failures, and kept in a :class:`~dali_loader.cache.DiskCache
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import dataclasses
 import logging
 import os
 import re
+import threading
 import time
+import urllib.parse
 from typing import Iterator
 
 from dali_loader.cache import DiskCache, checksum_problem
@@ -113,17 +116,36 @@ def _describe(exc: BaseException) -> str:
 
 # ------------------------------------------------------------------ backends
 class _GCSBackend:
-    """google-cloud-storage listing and downloads."""
+    """google-cloud-storage listing; media GETs through urllib3 or the client.
 
-    def __init__(self, bucket: str, pool_size: int, timeout: float):
+    ``media_via="urllib3"`` (default) sends the JSON-API media GET itself on a
+    urllib3 pool of ``pool_size`` connections, authorised by the client's own
+    credentials: about half the CPU per object of ``Blob.download_as_bytes``
+    (measured 0.6 vs 1.3-2.3 ms per 100 KB object), which matters because it is
+    spent under the GIL. ``"client"`` uses ``download_as_bytes`` (also used when an
+    HTTP(S) proxy is configured, which requests honours).
+    """
+
+    def __init__(self, bucket: str, pool_size: int, timeout: float, media_via: str = "urllib3"):
+        if media_via not in ("urllib3", "client"):
+            raise ValueError(f"media_via must be 'urllib3' or 'client'. Received: media_via={media_via!r}")
         try:
             from google.cloud import storage  # noqa: F401 - lazy, heavy import
         except ImportError as e:
             raise ImportError("Reading gs:// URLs needs google-cloud-storage: pip install google-cloud-storage") from e
+        import urllib.request
+
+        import urllib3
+
         self.client = _make_client()
         _enlarge_pool(self.client, pool_size)
         self.bucket = self.client.bucket(bucket)
         self.timeout = (min(10.0, timeout), timeout)
+        self.media_via = "client" if urllib.request.getproxies() else media_via
+        self._pool = urllib3.PoolManager(num_pools=4, maxsize=pool_size, retries=False)
+        self._u3_timeout = urllib3.Timeout(connect=self.timeout[0], read=self.timeout[1])
+        self._media_base = f"{self.client.api_endpoint}/download/storage/v1/b/{urllib.parse.quote(bucket, safe='')}/o/"
+        self._auth_request = None
 
     def iter_objects(self, prefix: str) -> Iterator[tuple[str, int, str, str | None, str | None]]:
         blobs = self.client.list_blobs(
@@ -140,24 +162,49 @@ class _GCSBackend:
         return [p[len(prefix):].rstrip("/") for p in it.prefixes]
 
     def download(self, info: ObjectInfo) -> bytes:
+        if self.media_via == "urllib3":
+            return self._media_get(info)
         blob = self.bucket.blob(info.name, generation=int(info.generation) if info.generation else None)
         # Our own loop retries and verifies against the listing's checksum, so
         # the client's retry and header-checksum are off (no double work).
         return blob.download_as_bytes(raw_download=True, checksum=None, retry=None,
                                       timeout=self.timeout, single_shot_download=True)
 
+    def _media_get(self, info: ObjectInfo) -> bytes:
+        from google.api_core import exceptions as api_exceptions
+
+        url = self._media_base + urllib.parse.quote(info.name, safe="") + "?alt=media"
+        if info.generation:
+            url += "&generation=" + info.generation
+        # gzip accepted and not decoded: the stored bytes, which the checksums describe.
+        headers = {"Accept-Encoding": "gzip", "User-Agent": "dali-loader"}
+        if self._auth_request is None:
+            import google.auth.transport.requests
+
+            self._auth_request = google.auth.transport.requests.Request()
+        # The client's credentials add the Authorization header, refreshing the token when due.
+        self.client._credentials.before_request(self._auth_request, "GET", url, headers)
+        r = self._pool.request("GET", url, headers=headers, timeout=self._u3_timeout,
+                               preload_content=True, decode_content=False)
+        if r.status != 200:
+            raise api_exceptions.from_http_status(r.status, f"GET {url}: {r.data[:200]!r}")
+        return r.data
+
     @staticmethod
     def retryable(exc: BaseException) -> bool:
+        import urllib3
         from google.api_core import exceptions as api_exceptions
         from google.cloud.storage.retry import _should_retry
 
         if isinstance(exc, (api_exceptions.NotFound, api_exceptions.Forbidden,
                             api_exceptions.Unauthorized, api_exceptions.BadRequest)):
             return False
-        return _should_retry(exc) or isinstance(exc, (OSError, api_exceptions.GoogleAPICallError)) \
+        return _should_retry(exc) or isinstance(exc, (OSError, urllib3.exceptions.HTTPError,
+                                                      api_exceptions.GoogleAPICallError)) \
             or type(exc).__name__ in ("DataCorruption", "InvalidResponse")
 
     def close(self) -> None:
+        self._pool.clear()
         self.client.close()
 
 
@@ -260,7 +307,8 @@ class RemoteSource:
     """
 
     def __init__(self, url: str, backend, cache: DiskCache | None, *, max_attempts: int = 8,
-                 initial_backoff: float = 0.05, max_backoff: float = 5.0, deadline: float = 300.0):
+                 initial_backoff: float = 0.05, max_backoff: float = 5.0, deadline: float = 300.0,
+                 max_pending_writes: int = 64):
         self.scheme, self.bucket, self.prefix = parse_url(url)
         self.url = f"{self.scheme}://{self.bucket}" + (f"/{self.prefix}" if self.prefix else "")
         self.cache = cache
@@ -269,6 +317,14 @@ class RemoteSource:
         self._max_attempts = max_attempts
         self._backoff = (initial_backoff, max_backoff)
         self._deadline = deadline
+        # Write-behind: fetch() returns as soon as the bytes are verified; the cache
+        # write (temp file + fsync + rename) runs on writer threads, at most
+        # max_pending_writes queued (then fetch waits: back-pressure, bounded memory).
+        self._writer: cf.ThreadPoolExecutor | None = None
+        self._writer_lock = threading.Lock()
+        self._write_slots = threading.BoundedSemaphore(max_pending_writes)
+        self._max_pending = max_pending_writes
+        self._pending: dict[tuple[str, str], bytes] = {}  # queued writes, served from memory
 
     def list_objects(self) -> list[ObjectInfo]:
         """Every object under the prefix (all pages), sorted by name.
@@ -309,13 +365,45 @@ class RemoteSource:
             ObjectFetchError: the object kept failing, or is gone/forbidden.
         """
         if self.cache is not None:
-            data = self.cache.get(self.bucket, info)
+            data = self._pending.get((info.name, info.generation)) or self.cache.get(self.bucket, info)
             if data is not None:
                 return data
         data = self._download_verified(info)
         if self.cache is not None:
-            self.cache.put(self.bucket, info, data)
+            self._write_behind(info, data)
         return data
+
+    def _write_behind(self, info: ObjectInfo, data: bytes) -> None:
+        if self._writer is None:
+            with self._writer_lock:
+                if self._writer is None:
+                    self._writer = cf.ThreadPoolExecutor(16, thread_name_prefix="cache-writer")
+        self._write_slots.acquire()
+        key = (info.name, info.generation)
+        with self._writer_lock:
+            self._pending[key] = data
+        try:
+            fut = self._writer.submit(self.cache.put, self.bucket, info, data)
+        except BaseException:
+            self._write_done(key, None)
+            raise
+        fut.add_done_callback(lambda f: self._write_done(key, f))
+
+    def _write_done(self, key: tuple[str, str], fut: cf.Future | None) -> None:
+        with self._writer_lock:
+            self._pending.pop(key, None)
+        self._write_slots.release()
+        if fut is None:
+            return
+        if fut.exception() is not None:  # a full disk must not stop training: log, refetch later
+            logger.warning("Could not write to the cache %s: %s", self.cache.root, fut.exception())
+
+    def flush(self) -> None:
+        """Wait until every cache write queued by fetch() is on disk."""
+        for _ in range(self._max_pending):
+            self._write_slots.acquire()
+        for _ in range(self._max_pending):
+            self._write_slots.release()
 
     def ensure_cached(self, info: ObjectInfo) -> bool:
         """Make sure a verified copy is cached; True when it had to be downloaded."""
@@ -355,7 +443,10 @@ class RemoteSource:
         raise ObjectFetchError(info.url, f"{reason} (gave up after {attempt} attempts)")
 
     def close(self) -> None:
-        """Close the HTTP session."""
+        """Finish pending cache writes and close the HTTP session."""
+        if self._writer is not None:
+            self._writer.shutdown(wait=True)
+            self._writer = None
         self._backend.close()
 
     def __enter__(self) -> "RemoteSource":
@@ -366,7 +457,8 @@ class RemoteSource:
 
 
 def open_remote(url: str, *, cache_dir: str | None = None, cache_max_bytes: int | None = None,
-                max_in_flight: int = 64, max_attempts: int = 8, timeout: float = 60.0) -> RemoteSource:
+                max_in_flight: int = 64, max_attempts: int = 8, timeout: float = 60.0,
+                media_via: str = "urllib3") -> RemoteSource:
     """Open ``gs://bucket/prefix`` (or another fsspec URL) with a disk cache.
 
     Args:
@@ -379,6 +471,8 @@ def open_remote(url: str, *, cache_dir: str | None = None, cache_max_bytes: int 
             connection pool).
         max_attempts: attempts per object before :class:`ObjectFetchError`.
         timeout: per-request read timeout in seconds.
+        media_via: gs:// downloads through "urllib3" (default, less CPU per object) or
+            the google-cloud-storage "client" (``Blob.download_as_bytes``).
     """
     if not isinstance(max_in_flight, int) or max_in_flight < 1:
         raise ValueError(f"max_in_flight must be a positive integer. Received: max_in_flight={max_in_flight!r}")
@@ -386,8 +480,8 @@ def open_remote(url: str, *, cache_dir: str | None = None, cache_max_bytes: int 
         raise ValueError(f"max_attempts must be a positive integer. Received: max_attempts={max_attempts!r}")
     scheme, bucket, _ = parse_url(url)
     if scheme == "gs":
-        backend = _GCSBackend(bucket, pool_size=max_in_flight + 4, timeout=timeout)
+        backend = _GCSBackend(bucket, pool_size=max_in_flight + 4, timeout=timeout, media_via=media_via)
     else:
         backend = _FsspecBackend(scheme, bucket)
     cache = DiskCache(cache_dir, cache_max_bytes)
-    return RemoteSource(url, backend, cache, max_attempts=max_attempts)
+    return RemoteSource(url, backend, cache, max_attempts=max_attempts, max_pending_writes=max_in_flight)

@@ -8,6 +8,7 @@ how to read one file's bytes (thread-safe). Remote URLs go through
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import os
 import posixpath
@@ -43,11 +44,6 @@ class Listing:
     remote: object | None = None
 
 
-def is_remote(path: str) -> bool:
-    """True for `scheme://...` paths other than `file://`."""
-    return "://" in path and not path.startswith("file://")
-
-
 def list_source(
     directory: str,
     follow_links: bool = False,
@@ -61,6 +57,8 @@ def list_source(
     Raises:
         FileNotFoundError: the local folder does not exist.
     """
+    from dali_loader.remote import is_remote
+
     if is_remote(directory):
         from dali_loader.remote import open_remote
 
@@ -70,6 +68,7 @@ def list_source(
             cache_max_bytes=cache_max_bytes,
             max_in_flight=max_in_flight,
         )
+        atexit.register(remote.close)  # finish queued cache writes at exit
         infos = remote.list_objects()
         by_url = {}
         rel_files = []

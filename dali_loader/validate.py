@@ -30,7 +30,7 @@ class CorruptImageError(ValueError):
         self.path = path
         self.reason = reason
         super().__init__(
-            f"Cannot decode image file {path}: {reason}. Remove or replace the "
+            f"Cannot load image file {path}: {reason}. Remove or replace the "
             'file, or pass on_error="skip" to leave bad files out.'
         )
 

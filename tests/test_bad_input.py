@@ -122,7 +122,7 @@ def test_raise_mode_names_the_file_and_process_stays_usable(bad_tree, id_tree):
         for _ in ds:
             pass
     msg = str(err.value)
-    assert "Cannot decode image file" in msg
+    assert "Cannot load image file" in msg
     assert any(b in msg for b in bad), msg
     assert 'on_error="skip"' in msg
     # The process is fine: a good dataset still loads.

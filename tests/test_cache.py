@@ -55,7 +55,7 @@ def test_checksum_problem():
 
 
 def test_lru_eviction_keeps_recently_used(tmp_path):
-    cache = DiskCache(str(tmp_path), max_bytes=10_000)
+    cache = DiskCache(str(tmp_path), max_bytes=10_000, touch_interval_s=0)
     objs = [info(f"o{i}", bytes([i]) * 1000) for i in range(30)]
     for i, o in enumerate(objs):
         cache.put("bkt", o, bytes([i]) * 1000)
@@ -78,6 +78,7 @@ def test_dataset_larger_than_cache(tmp_path, monkeypatch):
             objs = src.list_objects()
             for _ in range(2):
                 assert {o.rel: src.fetch(o) for o in objs} == files
+                src.flush()
                 assert src.cache.stats().bytes <= total // 3 + len(objs) * 200
         assert server.counts["media"] > len(objs)  # evicted objects were fetched again
 

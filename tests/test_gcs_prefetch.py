@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -62,7 +63,9 @@ def test_kill9_during_prefetch_then_verified_pass(tmp_path):
         try:
             with open_remote("gs://b/ds", cache_dir=cache_dir, max_in_flight=16) as src:
                 objs = [o for o in src.list_objects() if not o.rel.endswith("/")]
-                assert {o.rel: src.fetch(o) for o in objs} == files
+                with ThreadPoolExecutor(16) as pool:
+                    assert dict(zip((o.rel for o in objs), pool.map(src.fetch, objs))) == files
+                src.flush()
                 assert src.cache.stats().temp_files == 0  # the dead writer's temp files are gone
         finally:
             del os.environ["STORAGE_EMULATOR_HOST"]

@@ -1,0 +1,183 @@
+"""gs:// throughput at a fixed per-request latency, against the loopback fake GCS server.
+
+Compares, on the same few hundred ~100 KB objects (bytes only, no decode):
+  (a) the seed-style pipeline: tf.data from_tensor_slices(names).map(py_function GET through
+      google-cloud-storage, num_parallel_calls=AUTOTUNE);
+  (b) RemoteSource.fetch from a ThreadPoolExecutor of --threads threads, in order, cold cache;
+  (c) the same from the warm cache; and (d) the same tree read from the local folder;
+and reports the RSS of list_objects() on a synthetic --listing-object bucket.
+The server runs in its own process so it does not share the GIL with the client.
+
+    .venv/bin/python benchmarks/bench_gcs.py --objects 300 --size 100000 --latency 0.05
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import contextlib
+import json
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+from dali_loader.fakegcs import write_random_tree  # noqa: E402
+from dali_loader.remote import open_remote  # noqa: E402
+
+log = logging.getLogger("bench_gcs")
+
+
+@contextlib.contextmanager
+def fake_server(*args: str):
+    """Start ``python -m dali_loader.fakegcs ARGS``; yields (endpoint, pid)."""
+    env = dict(os.environ, PYTHONPATH=REPO)
+    proc = subprocess.Popen([sys.executable, "-m", "dali_loader.fakegcs", *args], env=env, cwd=REPO,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        if not line.startswith("FAKEGCS_URL "):
+            raise RuntimeError(f"fake server did not start: {line!r}")
+        yield line.split()[1], proc.pid
+    finally:
+        proc.stdin.close()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def seed_style(names: list[str]) -> float:
+    """(a) tf.data map(py_function GET, AUTOTUNE); returns seconds."""
+    import tensorflow as tf
+    from google.cloud import storage
+
+    bucket = storage.Client().bucket("b")
+
+    def get(name):
+        return bucket.blob(name.numpy().decode()).download_as_bytes()
+
+    ds = tf.data.Dataset.from_tensor_slices(names).map(
+        lambda n: tf.py_function(get, [n], tf.string), num_parallel_calls=tf.data.AUTOTUNE)
+    start = time.perf_counter()
+    n = sum(1 for _ in ds)
+    elapsed = time.perf_counter() - start
+    if n != len(names):
+        raise RuntimeError(f"seed pipeline yielded {n} of {len(names)} objects")
+    return elapsed
+
+
+def threaded(fn, items, threads: int) -> tuple[float, int]:
+    """Map ``fn`` over ``items`` in order with a thread pool; returns (seconds, bytes)."""
+    start = time.perf_counter()
+    with cf.ThreadPoolExecutor(threads) as pool:
+        total = sum(len(b) for b in pool.map(fn, items))
+    return time.perf_counter() - start, total
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (Linux)."""
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def read_local(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+_RSS_CHILD = r"""
+import json, sys
+from dali_loader.remote import open_remote
+def kib(field):  # VmRSS: now; VmHWM: peak of this process image (ru_maxrss survives exec)
+    return int(open("/proc/self/status").read().split(field + ":")[1].split()[0])
+src = open_remote("gs://b/synthetic", cache_dir=sys.argv[1])
+base = kib("VmRSS")
+objs = src.list_objects()
+print(json.dumps({"objects": len(objs), "base_kib": base, "after_kib": kib("VmRSS"), "peak_kib": kib("VmHWM")}))
+"""
+
+
+def listing_rss(n: int, tmp: str) -> dict:
+    """Peak RSS of a fresh process around list_objects() of an ``n``-object listing."""
+    with fake_server("--synthetic", str(n)) as (url, _):
+        env = dict(os.environ, STORAGE_EMULATOR_HOST=url, PYTHONPATH=REPO)
+        start = time.perf_counter()
+        out = subprocess.run([sys.executable, "-c", _RSS_CHILD, os.path.join(tmp, "rss-cache")], env=env,
+                             capture_output=True, text=True, check=True, timeout=600)
+        res = json.loads(out.stdout.strip().splitlines()[-1])
+        res["seconds"] = time.perf_counter() - start
+        return res
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--objects", type=int, default=300)
+    p.add_argument("--size", type=int, default=100_000, help="mean object size in bytes")
+    p.add_argument("--latency", type=float, default=0.05, help="seconds per request")
+    p.add_argument("--threads", type=int, default=64)
+    p.add_argument("--listing", type=int, default=100_000, help="objects in the RSS listing (0: skip)")
+    p.add_argument("--repeat", type=int, default=5, help="warm-cache and local passes (best is kept)")
+    p.add_argument("--skip-seed", action="store_true", help="skip the (slow) tf.data seed-style run")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+    with tempfile.TemporaryDirectory(prefix="bench_gcs.") as tmp:
+        per = max(1, args.objects // 3)
+        files = write_random_tree(os.path.join(tmp, "tree"), per_class=per,
+                                  size=(int(args.size * 0.9), int(args.size * 1.1)), seed=0)
+        names = sorted(files)
+        rows = []
+        with fake_server("--root", os.path.join(tmp, "tree"), "--latency", str(args.latency)) as (url, pid):
+            os.environ["STORAGE_EMULATOR_HOST"] = url
+            seed_s = None if args.skip_seed else seed_style(names)
+            with open_remote("gs://b", cache_dir=os.path.join(tmp, "cache"), max_in_flight=args.threads) as src:
+                objs = [o for o in src.list_objects() if not o.rel.endswith("/")]
+                cpu0, srv0 = cpu_seconds(os.getpid()), cpu_seconds(pid)
+                cold_s, cold_b = threaded(src.fetch, objs, args.threads)
+                src.flush()
+                cpu = ((cpu_seconds(os.getpid()) - cpu0) / len(objs), (cpu_seconds(pid) - srv0) / len(objs))
+                paths = [os.path.join(tmp, "tree", n) for n in names]
+                warm_s = local_s = float("inf")
+                for _ in range(args.repeat):  # alternate; best of --repeat (short runs are noisy)
+                    warm_s = min(warm_s, threaded(src.fetch, objs, args.threads)[0])
+                    local_s = min(local_s, threaded(read_local, paths, args.threads)[0])
+        n = len(names)
+        seed_rate = n / seed_s if seed_s else None
+        bound = args.threads / args.latency
+        rows.append(("(a) seed tf.data map(py_function GET, AUTOTUNE)", seed_s))
+        rows.append((f"(b) RemoteSource.fetch x{args.threads} threads, cold cache", cold_s))
+        rows.append((f"(c) RemoteSource.fetch x{args.threads} threads, warm cache", warm_s))
+        rows.append((f"(d) local folder read x{args.threads} threads", local_s))
+        log.info("%d objects, %.1f MB, %.0f ms per request; bound %d in flight / %.3f s = %.0f objects/s",
+                 n, cold_b / 1e6, args.latency * 1e3, args.threads, args.latency, bound)
+        log.info("%-58s %10s %9s %9s", "pipeline", "objects/s", "vs (a)", "vs bound")
+        for label, secs in rows:
+            if secs is None:
+                log.info("%-58s %10s", label, "skipped")
+                continue
+            rate = n / secs
+            ratio = f"{rate / seed_rate:8.1f}x" if seed_rate else "      n/a"
+            log.info("%-58s %10.1f %9s %8.2f", label, rate, ratio, rate / bound)
+        log.info("warm cache / local folder: %.2f", (n / warm_s) / (n / local_s))
+        log.info("cold pass CPU per object: client %.2f ms, fake server %.2f ms (%d cores: CPU bound %.0f objects/s)",
+                 cpu[0] * 1e3, cpu[1] * 1e3, os.cpu_count(), os.cpu_count() / sum(cpu))
+        if args.listing:
+            res = listing_rss(args.listing, tmp)
+            held = (res["after_kib"] - res["base_kib"]) * 1024
+            log.info("list_objects() of %d objects: RSS %.1f MiB before, %.1f MiB after (the list holds "
+                     "%.1f MiB, %.0f bytes/object), peak %.1f MiB; %.1f s", res["objects"], res["base_kib"] / 1024,
+                     res["after_kib"] / 1024, held / 2**20, held / max(1, res["objects"]),
+                     res["peak_kib"] / 1024, res["seconds"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,116 @@
+"""bench: the three output files with sane content, the input-wait reading, the step harness."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+import numpy as np
+import pytest
+from PIL import Image
+
+pytest.importorskip("tensorflow")
+
+from dali_loader import cmd_bench  # noqa: E402
+from dali_loader.bench import input_bound_class, summarize, timed_epoch, write_results  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def tiny_tree(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tiny")
+    rng = np.random.default_rng(0)
+    for i in range(24):
+        d = root / f"c{i % 3}"
+        d.mkdir(exist_ok=True)
+        Image.fromarray(rng.integers(0, 256, (40, 60, 3), dtype=np.uint8)).save(d / f"{i}.png")
+    return str(root)
+
+
+def test_input_bound_class():
+    assert input_bound_class(0.0) == "not input-bound"
+    assert input_bound_class(5.0) == "not input-bound"
+    assert input_bound_class(12.0) == "moderately input-bound"
+    assert input_bound_class(20.5) == "highly input-bound"
+
+
+def _batches(n: int, delay: float):
+    for _ in range(n):
+        time.sleep(delay)
+        yield np.zeros((4, 2, 2, 3), np.float32), np.zeros((4,), np.int32)
+
+
+def test_timed_epoch_constructed_cases():
+    # Input 10x slower than the step: almost all of the step time is waiting for input.
+    slow_input = timed_epoch("a", _batches(5, 0.1), step_time=0.01)
+    # Instant input, a 0.1 s step: the input wait is a sliver.
+    slow_step = timed_epoch("b", _batches(5, 0.0), step_time=0.1)
+    assert slow_input.images == slow_step.images == 20 and slow_input.batches == 5
+    assert input_bound_class(slow_input.input_wait_pct) == "highly input-bound"
+    assert input_bound_class(slow_step.input_wait_pct) == "not input-bound"
+    assert timed_epoch("c", _batches(9, 0.0), 0.0, max_batches=3).batches == 3
+    s = summarize([slow_input, slow_step])
+    assert [r["pipeline"] for r in s] == ["a", "b"]
+    with pytest.raises(ValueError, match="Received"):
+        timed_epoch("x", [], step_time=-1)
+
+
+def _loader_importable() -> bool:
+    try:
+        from dali_loader.loader import open_loader  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def test_bench_writes_three_files(tiny_tree, tmp_path, capsys):
+    p = argparse.ArgumentParser()
+    cmd_bench.add_parsers(p.add_subparsers(dest="cmd"))
+    out, tb = tmp_path / "out", tmp_path / "tb"
+    args = p.parse_args(["bench", tiny_tree, "--out", str(out), "--step-time", "0.01",
+                         "--batch-size", "8", "--image-size", "32", "32", "--rounds", "2",
+                         "--tensorboard", str(tb)])
+    assert args.func(args) == 0
+    printed = capsys.readouterr().out
+    assert "| pipeline |" in printed and "results.json" in printed
+
+    res = json.loads((out / "results.json").read_text())
+    names = [s["pipeline"] for s in res["summary"]]
+    assert names[:2] == ["seed", "tuned"]
+    if _loader_importable():
+        assert "loader-cpu" in names, res["skipped"]
+    assert "loader-gpu" in names or "loader-gpu" in res["skipped"]
+    assert len(res["runs"]) == 2 * len(names)
+    for s in res["summary"]:
+        assert s["img_s"] > 0 and s["step_ms"] > 0 and s["rounds"] == 2
+        assert 0 <= s["input_wait_pct"] <= 100 and s["cpu_util_pct"] >= 0
+    by = {s["pipeline"]: s for s in res["summary"]}
+    assert by["seed"]["images"] == 24 - int(24 * 0.2)  # the seed trains on its 80% split
+    assert by["tuned"]["images"] == 24
+    assert res["command"].startswith("dali-loader bench")
+
+    md = (out / "results.md").read_text()
+    assert sum(l.startswith("| ") for l in md.splitlines()) == 1 + len(names)
+    assert "input wait" in md
+    for n in names:
+        assert f"| {n} |" in md
+
+    with Image.open(out / "throughput.png") as im:
+        assert im.format == "PNG" and im.size[0] >= 800 and im.size[1] >= 300
+    assert sorted(os.listdir(tb)) == sorted(names)
+    assert all(os.listdir(tb / n) for n in names)
+
+
+def test_write_results_from_constructed_summary(tmp_path):
+    run = {"pipeline": "seed", "round": 0, "img_s": 40.0, "step_ms": 3000.0,
+           "input_wait_pct": 66.0, "cpu_util_pct": 20.0}
+    res = {"source": "gs://b/x", "step_time": 1.0, "batch_size": 128, "image_size": [244, 244],
+           "rounds": 1, "cores": 2, "runs": [run], "skipped": {"loader-gpu": "no GPU visible"},
+           "summary": [{"pipeline": "seed", "rounds": 1, "images": 128, "img_s": 40.0,
+                        "first_round_img_s": 40.0, "step_ms": 3000.0, "input_wait_pct": 66.0,
+                        "cpu_util_pct": 20.0, "input_bound": "highly input-bound"}]}
+    paths = write_results(res, str(tmp_path))
+    assert set(paths) == {"json", "md", "png"}
+    assert "| seed | 40.0 |" in open(paths["md"]).read()
+    assert "loader-gpu not run: no GPU visible" in open(paths["md"]).read()
