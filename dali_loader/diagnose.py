@@ -304,22 +304,31 @@ def run_diagnose(source: str, *, step_time: float = 0.0, batch_size: int = 32,
     listing_s = time.perf_counter() - t0
     if not files:
         raise ValueError(f"No images found in {source}. Received: source={source!r}")
-    rng = random.Random(seed)
-    picked = rng.sample(files, min(sample, len(files)))
-    paths = [p for p, _ in picked]
-    fetch = make_fetcher(source)
-    logger.info("Listed %d files in %.2f s; timing reads on %d", len(files), listing_s, len(paths))
+    all_levels = sorted((set(levels) | {cores, loader_in_flight}) - {1})
+    counts = [16] + [max(2 * c, 16) for c in all_levels]
+    # Every level reads objects no earlier level read (while the listing lasts), so a FUSE or
+    # page cache does not flatter the later levels.
+    pool = [p for p, _ in random.Random(seed).sample(files, min(len(files), sum(counts) + 4))]
+    cursor = 0
 
-    blobs = [fetch(p) for p in paths[: min(8, len(paths))]]  # warm-up, connections
-    rate1, lat = _fetch_level(fetch, paths[: min(len(paths), 16)], 1)
+    def take(n: int) -> list[str]:
+        nonlocal cursor
+        out = [pool[(cursor + i) % len(pool)] for i in range(n)]
+        cursor += n
+        return out
+
+    fetch = make_fetcher(source)
+    logger.info("Listed %d files in %.2f s; timing reads on %d", len(files), listing_s, len(pool))
+    for p in take(min(4, len(pool))):  # warm-up: connections, credentials
+        fetch(p)
+    rate1, lat = _fetch_level(fetch, take(16), 1)
     fetch_rates = {1: rate1}
-    for c in sorted(set(levels) | {cores, loader_in_flight}):
-        if c == 1:
-            continue
-        items = [paths[i % len(paths)] for i in range(max(2 * c, len(paths)))]
-        fetch_rates[c], _ = _fetch_level(fetch, items, c)
+    for c, n in zip(all_levels, counts[1:]):
+        fetch_rates[c], _ = _fetch_level(fetch, take(n), c)
         logger.info("%d in flight: %.0f objects/s", c, fetch_rates[c])
-    blobs = list(ThreadPoolExecutor(max_workers=16).map(fetch, paths))
+    paths = pool[: min(sample, len(pool))]
+    with ThreadPoolExecutor(max_workers=16) as pool_ex:
+        blobs = list(pool_ex.map(fetch, paths))
     mean_bytes = statistics.fmean(len(b) for b in blobs)
 
     decode_1 = _timed_map(_decode, blobs, 1, budget_s)

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from dali_loader.devices import resolve_device
 from dali_loader.index import Index
 from dali_loader.pipeline import ImageSpec, build_pipeline, probe_decode
 from dali_loader.readahead import ReadAhead
@@ -270,7 +271,8 @@ class BatchLoader:
         if self.device == "gpu":
             out = out.as_cpu()
         if out.is_dense_tensor():
-            return np.array(out.as_tensor())
+            # Zero-copy: the view keeps DALI's buffer alive (exec_dynamic=True).
+            return np.asarray(out.as_tensor())
         return np.stack([np.asarray(t) for t in out])  # e.g. after fn.slice
 
     def _recover(self, err: Exception) -> None:
@@ -317,32 +319,6 @@ class BatchLoader:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def dali_gpu_count() -> int:
-    """CUDA devices DALI can use (0 without a GPU or driver)."""
-    try:
-        from nvidia.dali.backend import GetCUDADeviceCount
-
-        return int(GetCUDADeviceCount())
-    except Exception:  # no driver, no CUDA runtime: CPU only
-        return 0
-
-
-def resolve_device(device: str | None) -> str:
-    """Maps None ("auto") to "gpu" when DALI sees a GPU, else "cpu"."""
-    if device not in (None, "auto", "cpu", "gpu"):
-        raise ValueError(
-            f'`device` must be None (auto), "cpu" or "gpu". Received: device={device}'
-        )
-    if device in (None, "auto"):
-        return "gpu" if dali_gpu_count() > 0 else "cpu"
-    if device == "gpu" and dali_gpu_count() == 0:
-        raise ValueError(
-            'device="gpu" was requested but DALI sees no CUDA GPU. Use device=None '
-            'to pick the CPU automatically, or check the driver and CUDA_VISIBLE_DEVICES.'
-        )
-    return device
 
 
 def open_loader(

@@ -237,6 +237,9 @@ def build_pipeline(
         device_id=device_id if gpu else None,
         prefetch_queue_depth=prefetch_queue_depth,
         seed=seed,
+        # The dynamic executor reference-counts output buffers: a numpy view
+        # of a batch stays valid after the next run(), so no copy is needed.
+        exec_dynamic=True,
     )()
     pipe.build()
     return pipe

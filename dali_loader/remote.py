@@ -3,9 +3,11 @@
 ``gs://`` goes through ``google-cloud-storage`` (Application Default Credentials,
 anonymous access when there are none, ``STORAGE_EMULATOR_HOST`` honoured) with an
 HTTP connection pool sized for ``max_in_flight`` concurrent downloads. Other schemes
-(``s3://``, ``az://``, ``memory://``, ...) go through fsspec. Every fetched object is
-verified (crc32c, else md5, else size), retried with exponential backoff and full
-jitter on transient failures, and kept in a :class:`~dali_loader.cache.DiskCache`.
+(``s3://``, ``az://``, ``memory://``, ...) go through fsspec; both backends live in
+:mod:`dali_loader.backends`. This module lists, verifies and caches: every fetched
+object is verified (crc32c, else md5, else size), retried with exponential backoff
+and full jitter on transient failures, and kept in a
+:class:`~dali_loader.cache.DiskCache`.
 """
 
 from __future__ import annotations
@@ -13,13 +15,11 @@ from __future__ import annotations
 import concurrent.futures as cf
 import dataclasses
 import logging
-import os
 import re
 import threading
 import time
-import urllib.parse
-from typing import Iterator
 
+from dali_loader.backends import FsspecBackend, GCSBackend
 from dali_loader.cache import DiskCache, checksum_problem
 
 logger = logging.getLogger(__name__)
@@ -114,190 +114,6 @@ def _describe(exc: BaseException) -> str:
     return text if len(text) <= 300 else text[:297] + "..."
 
 
-# ------------------------------------------------------------------ backends
-class _GCSBackend:
-    """google-cloud-storage listing; media GETs through urllib3 or the client.
-
-    ``media_via="urllib3"`` (default) sends the JSON-API media GET itself on a
-    urllib3 pool of ``pool_size`` connections, authorised by the client's own
-    credentials: about half the CPU per object of ``Blob.download_as_bytes``
-    (measured 0.6 vs 1.3-2.3 ms per 100 KB object), which matters because it is
-    spent under the GIL. ``"client"`` uses ``download_as_bytes`` (also used when an
-    HTTP(S) proxy is configured, which requests honours).
-    """
-
-    def __init__(self, bucket: str, pool_size: int, timeout: float, media_via: str = "urllib3"):
-        if media_via not in ("urllib3", "client"):
-            raise ValueError(f"media_via must be 'urllib3' or 'client'. Received: media_via={media_via!r}")
-        try:
-            from google.cloud import storage  # noqa: F401 - lazy, heavy import
-        except ImportError as e:
-            raise ImportError("Reading gs:// URLs needs google-cloud-storage: pip install google-cloud-storage") from e
-        import urllib.request
-
-        import urllib3
-
-        self.client = _make_client()
-        _enlarge_pool(self.client, pool_size)
-        self.bucket = self.client.bucket(bucket)
-        self.timeout = (min(10.0, timeout), timeout)
-        self.media_via = "client" if urllib.request.getproxies() else media_via
-        self._pool = urllib3.PoolManager(num_pools=4, maxsize=pool_size, retries=False)
-        self._u3_timeout = urllib3.Timeout(connect=self.timeout[0], read=self.timeout[1])
-        self._media_base = f"{self.client.api_endpoint}/download/storage/v1/b/{urllib.parse.quote(bucket, safe='')}/o/"
-        self._auth_request = None
-
-    def iter_objects(self, prefix: str) -> Iterator[tuple[str, int, str, str | None, str | None]]:
-        blobs = self.client.list_blobs(
-            self.bucket, prefix=prefix or None, page_size=1000, timeout=self.timeout, retry=_list_retry(),
-            fields="items(name,size,generation,crc32c,md5Hash),nextPageToken")
-        for b in blobs:
-            yield b.name, int(b.size or 0), str(b.generation or ""), b.crc32c, b.md5_hash
-
-    def iter_dirs(self, prefix: str) -> list[str]:
-        it = self.client.list_blobs(self.bucket, prefix=prefix or None, delimiter="/", page_size=1000,
-                                    timeout=self.timeout, retry=_list_retry(), fields="items(name),prefixes,nextPageToken")
-        for _ in it:  # consuming the pages fills it.prefixes
-            pass
-        return [p[len(prefix):].rstrip("/") for p in it.prefixes]
-
-    def download(self, info: ObjectInfo) -> bytes:
-        if self.media_via == "urllib3":
-            return self._media_get(info)
-        blob = self.bucket.blob(info.name, generation=int(info.generation) if info.generation else None)
-        # Our own loop retries and verifies against the listing's checksum, so
-        # the client's retry and header-checksum are off (no double work).
-        return blob.download_as_bytes(raw_download=True, checksum=None, retry=None,
-                                      timeout=self.timeout, single_shot_download=True)
-
-    def _media_get(self, info: ObjectInfo) -> bytes:
-        from google.api_core import exceptions as api_exceptions
-
-        url = self._media_base + urllib.parse.quote(info.name, safe="") + "?alt=media"
-        if info.generation:
-            url += "&generation=" + info.generation
-        # gzip accepted and not decoded: the stored bytes, which the checksums describe.
-        headers = {"Accept-Encoding": "gzip", "User-Agent": "dali-loader"}
-        if self._auth_request is None:
-            import google.auth.transport.requests
-
-            self._auth_request = google.auth.transport.requests.Request()
-        # The client's credentials add the Authorization header, refreshing the token when due.
-        self.client._credentials.before_request(self._auth_request, "GET", url, headers)
-        r = self._pool.request("GET", url, headers=headers, timeout=self._u3_timeout,
-                               preload_content=True, decode_content=False)
-        if r.status != 200:
-            raise api_exceptions.from_http_status(r.status, f"GET {url}: {r.data[:200]!r}")
-        return r.data
-
-    @staticmethod
-    def retryable(exc: BaseException) -> bool:
-        import urllib3
-        from google.api_core import exceptions as api_exceptions
-        from google.cloud.storage.retry import _should_retry
-
-        if isinstance(exc, (api_exceptions.NotFound, api_exceptions.Forbidden,
-                            api_exceptions.Unauthorized, api_exceptions.BadRequest)):
-            return False
-        return _should_retry(exc) or isinstance(exc, (OSError, urllib3.exceptions.HTTPError,
-                                                      api_exceptions.GoogleAPICallError)) \
-            or type(exc).__name__ in ("DataCorruption", "InvalidResponse")
-
-    def close(self) -> None:
-        self._pool.clear()
-        self.client.close()
-
-
-def _list_retry():
-    """The client's default retry policy for listings, starting at 0.1 s instead of 1 s."""
-    from google.cloud.storage.retry import DEFAULT_RETRY
-
-    return DEFAULT_RETRY.with_delay(initial=0.1, maximum=10.0, multiplier=2.0)
-
-
-def _make_client():
-    """A storage client: emulator or ADC when available, anonymous otherwise."""
-    import google.auth
-    from google.auth.exceptions import DefaultCredentialsError
-    from google.cloud import storage
-
-    if os.environ.get("STORAGE_EMULATOR_HOST"):
-        return storage.Client()  # anonymous credentials against the emulator
-    try:
-        credentials, project = google.auth.default(
-            scopes=["https://www.googleapis.com/auth/devstorage.read_only"])
-    except DefaultCredentialsError:
-        logger.info("No Application Default Credentials; using anonymous access (public buckets only).")
-        return storage.Client.create_anonymous_client()
-    client = storage.Client(project=project or "<none>", credentials=credentials)
-    if not project:
-        client.project = None
-    return client
-
-
-def _enlarge_pool(client, pool_size: int) -> None:
-    """Give the client's requests session a connection pool of ``pool_size``.
-
-    The default requests pool keeps 10 connections per host; with more threads,
-    extra connections are opened and discarded on every request.
-    """
-    import requests
-
-    adapter = requests.adapters.HTTPAdapter(pool_connections=4, pool_maxsize=pool_size, max_retries=0)
-    session = client._http  # a google.auth AuthorizedSession (a requests.Session)
-    session.mount("https://", adapter)
-    session.mount("http://", adapter)
-
-
-class _FsspecBackend:
-    """Any fsspec filesystem (s3://, az://, memory://, ...)."""
-
-    def __init__(self, scheme: str, bucket: str):
-        import fsspec
-        from fsspec.registry import known_implementations
-
-        try:
-            self.fs = fsspec.filesystem(scheme)
-        except ImportError as e:
-            impl = known_implementations.get(scheme, {})
-            pkg = impl.get("class", scheme).split(".")[0]
-            raise ImportError(f"Reading {scheme}:// URLs needs the '{pkg}' package: pip install {pkg} "
-                              f"({impl.get('err', e)})") from e
-        except ValueError as e:
-            raise ValueError(f"Unknown URL scheme {scheme!r}; fsspec has no filesystem for it. "
-                             f"Received: scheme={scheme!r}") from e
-        self.scheme = scheme
-        self.bucket = bucket
-
-    def _path(self, name: str) -> str:
-        return self.fs._strip_protocol(f"{self.scheme}://{self.bucket}/{name}".rstrip("/"))
-
-    def iter_objects(self, prefix: str) -> Iterator[tuple[str, int, str, str | None, str | None]]:
-        root = self._path(prefix)
-        bucket_root = self._path("")
-        for path, d in sorted(self.fs.find(root, withdirs=False, detail=True).items()):
-            name = path[len(bucket_root):].lstrip("/")
-            gen = next((d[k] for k in ("generation", "VersionId", "ETag", "etag", "mtime",
-                                       "LastModified", "last_modified", "created") if d.get(k)), "")
-            yield name, int(d.get("size") or 0), str(gen), d.get("crc32c"), d.get("md5Hash")
-
-    def iter_dirs(self, prefix: str) -> list[str]:
-        root = self._path(prefix)
-        entries = self.fs.ls(root, detail=True)
-        return [e["name"].rstrip("/").rsplit("/", 1)[-1] for e in entries if e.get("type") == "directory"]
-
-    def download(self, info: ObjectInfo) -> bytes:
-        return self.fs.cat_file(self._path(info.name))
-
-    @staticmethod
-    def retryable(exc: BaseException) -> bool:
-        return not isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError,
-                                    NotADirectoryError, ValueError, ImportError, TypeError))
-
-    def close(self) -> None:
-        pass
-
-
 # ------------------------------------------------------------------ source
 class RemoteSource:
     """A ``scheme://bucket/prefix`` dataset root: list it, fetch objects through the cache.
@@ -306,9 +122,9 @@ class RemoteSource:
     while downloading.
     """
 
-    def __init__(self, url: str, backend, cache: DiskCache | None, *, max_attempts: int = 8,
-                 initial_backoff: float = 0.05, max_backoff: float = 5.0, deadline: float = 300.0,
-                 max_pending_writes: int = 64):
+    def __init__(self, url: str, backend: GCSBackend | FsspecBackend, cache: DiskCache | None, *,
+                 max_attempts: int = 8, initial_backoff: float = 0.05, max_backoff: float = 5.0,
+                 deadline: float = 300.0, max_pending_writes: int = 64):
         self.scheme, self.bucket, self.prefix = parse_url(url)
         self.url = f"{self.scheme}://{self.bucket}" + (f"/{self.prefix}" if self.prefix else "")
         self.cache = cache
@@ -480,8 +296,8 @@ def open_remote(url: str, *, cache_dir: str | None = None, cache_max_bytes: int 
         raise ValueError(f"max_attempts must be a positive integer. Received: max_attempts={max_attempts!r}")
     scheme, bucket, _ = parse_url(url)
     if scheme == "gs":
-        backend = _GCSBackend(bucket, pool_size=max_in_flight + 4, timeout=timeout, media_via=media_via)
+        backend = GCSBackend(bucket, pool_size=max_in_flight + 4, timeout=timeout, media_via=media_via)
     else:
-        backend = _FsspecBackend(scheme, bucket)
+        backend = FsspecBackend(scheme, bucket)
     cache = DiskCache(cache_dir, cache_max_bytes)
     return RemoteSource(url, backend, cache, max_attempts=max_attempts, max_pending_writes=max_in_flight)

@@ -103,3 +103,17 @@ def test_dali_loader_core_works_without_tensorflow(id_tree):
                          timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "ok 3" in out.stdout
+
+
+def test_batches_stay_valid_after_later_batches(id_tree):
+    """Batches are zero-copy views of DALI's buffers; holding them must be safe."""
+    from dali_loader.loader import open_loader
+
+    loader = open_loader(str(id_tree), batch_size=3, image_size=(8, 8), shuffle=False,
+                         device="cpu")
+    held = [x for x, _ in loader]  # views, kept while 7 more batches are produced
+    copies = [x.copy() for x, _ in loader]
+    assert len(held) == 8
+    for h, c in zip(held, copies):
+        np.testing.assert_array_equal(h, c)
+    assert [int(round(v / 10)) for h in held for v in h[:, 0, 0, 0]] == list(range(0, 23, 2)) + list(range(1, 23, 2))

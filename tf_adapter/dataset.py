@@ -15,7 +15,8 @@ import logging
 import numpy as np
 
 from dali_loader.index import ALLOWLIST_FORMATS, build_index, split
-from dali_loader.loader import BatchLoader, resolve_device
+from dali_loader.devices import resolve_device
+from dali_loader.loader import BatchLoader
 from dali_loader.pipeline import INTERPOLATIONS, ImageSpec
 from dali_loader.sources import list_source
 
