@@ -17,6 +17,7 @@ Prints the side-by-side tables and the chart's path. About 5 minutes on 2 cores.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import subprocess
@@ -175,6 +176,9 @@ def main(argv: list[str] | None = None) -> int:
                                      args.train_seconds, size, num_train))
         with open(os.path.join(args.out, "training.json"), "w") as f:
             json.dump(rows, f, indent=2)
+        # Release the loaders (and their read-ahead threads) while the server still answers.
+        del s_train, s_val, l_train, l_val
+        gc.collect()
     finally:
         proc.stdin.close()
         proc.wait(timeout=10)

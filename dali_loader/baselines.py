@@ -58,22 +58,23 @@ def gcs_client():
     One client per thread: a shared client's connection pool (10 connections) would throttle
     and churn under many concurrent GETs.
     """
-    client = getattr(_local, "client", None)
-    if client is not None:
-        return client
+    emulator = os.environ.get("STORAGE_EMULATOR_HOST")
+    cached = getattr(_local, "client", None)
+    if cached is not None and cached[0] == emulator:  # a new emulator needs a new client
+        return cached[1]
     try:
         from google.auth.credentials import AnonymousCredentials
         from google.cloud import storage
     except ImportError as exc:  # pragma: no cover
         raise ImportError(_GCS_HINT) from exc
-    if os.environ.get("STORAGE_EMULATOR_HOST"):
+    if emulator:
         client = storage.Client(project="emulator", credentials=AnonymousCredentials())
     else:
         try:
             client = storage.Client()
         except Exception:  # no ADC: public buckets still work anonymously
             client = storage.Client.create_anonymous_client()
-    _local.client = client
+    _local.client = (emulator, client)
     return client
 
 

@@ -36,6 +36,7 @@ class RunStats:
     wait_s: float
     cpu_s: float
     cores: int
+    first_wait_s: float = 0.0  # the first batch: pipeline start-up, cold caches
 
     @property
     def img_s(self) -> float:
@@ -50,13 +51,19 @@ class RunStats:
         return 100 * self.wait_s / self.wall_s if self.wall_s > 0 else 0.0
 
     @property
+    def steady_wait_pct(self) -> float:
+        """Input wait after the first batch (start-up excluded)."""
+        rest = self.wall_s - self.first_wait_s
+        return 100 * (self.wait_s - self.first_wait_s) / rest if rest > 0 else 0.0
+
+    @property
     def cpu_util_pct(self) -> float:
         return 100 * self.cpu_s / (self.wall_s * self.cores) if self.wall_s > 0 else 0.0
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d.update(img_s=self.img_s, step_ms=self.step_ms, input_wait_pct=self.input_wait_pct,
-                 cpu_util_pct=self.cpu_util_pct)
+                 steady_wait_pct=self.steady_wait_pct, cpu_util_pct=self.cpu_util_pct)
         return d
 
 
@@ -95,7 +102,7 @@ def timed_epoch(name: str, data: Iterable, step_time: float, max_batches: int | 
         raise ValueError(f"step_time must be >= 0. Received: step_time={step_time}")
     cores = os.cpu_count() or 1
     images = batches = 0
-    wait = 0.0
+    wait = first = 0.0
     c0, t0 = _cpu_time(), time.perf_counter()
     it = iter(data)
     while max_batches is None or batches < max_batches:
@@ -104,7 +111,10 @@ def timed_epoch(name: str, data: Iterable, step_time: float, max_batches: int | 
             batch = next(it)
         except StopIteration:
             break
-        wait += time.perf_counter() - w0
+        waited = time.perf_counter() - w0
+        wait += waited
+        if batches == 0:
+            first = waited
         images += _num_images(batch)
         batches += 1
         if step_time:
@@ -112,7 +122,8 @@ def timed_epoch(name: str, data: Iterable, step_time: float, max_batches: int | 
         if on_batch:
             on_batch()
     wall = time.perf_counter() - t0
-    return RunStats(name, round_index, images, batches, wall, wait, _cpu_time() - c0, cores)
+    return RunStats(name, round_index, images, batches, wall, wait, _cpu_time() - c0, cores,
+                    first)
 
 
 def summarize(runs: Sequence[RunStats]) -> list[dict[str, Any]]:
@@ -125,6 +136,8 @@ def summarize(runs: Sequence[RunStats]) -> list[dict[str, Any]]:
         out.append({"pipeline": name, "rounds": len(rs), "images": rs[0].images,
                     "img_s": med(lambda r: r.img_s), "first_round_img_s": rs[0].img_s,
                     "step_ms": med(lambda r: r.step_ms), "input_wait_pct": wait,
+                    "steady_wait_pct": med(lambda r: r.steady_wait_pct),
+                    "first_batch_s": med(lambda r: r.first_wait_s),
                     "cpu_util_pct": med(lambda r: r.cpu_util_pct),
                     "input_bound": input_bound_class(wait)})
     return out
@@ -238,17 +251,19 @@ def _bar(enabled: bool, desc: str, total: int | None):
         from tqdm import tqdm
     except ImportError:
         return None
-    return tqdm(total=total, desc=desc, unit="batch", leave=False)
+    return tqdm(total=total, desc=desc, unit="batch", leave=False, disable=None)  # off if no TTY
 
 
 def results_markdown(res: dict[str, Any]) -> str:
     """The summary as a Markdown table."""
     lines = ["| pipeline | images/s | first round images/s | step time (ms) | input wait | "
-             "CPU utilisation | reading |", "|---|---:|---:|---:|---:|---:|---|"]
+             "reading | wait after 1st batch | 1st batch wait (s) | CPU utilisation |",
+             "|---|---:|---:|---:|---:|---|---:|---:|---:|"]
     for s in res["summary"]:
         lines.append(f"| {s['pipeline']} | {s['img_s']:.1f} | {s['first_round_img_s']:.1f} | "
-                     f"{s['step_ms']:.0f} | {s['input_wait_pct']:.1f}% | "
-                     f"{s['cpu_util_pct']:.0f}% | {s['input_bound']} |")
+                     f"{s['step_ms']:.0f} | {s['input_wait_pct']:.1f}% | {s['input_bound']} | "
+                     f"{s.get('steady_wait_pct', float('nan')):.1f}% | "
+                     f"{s.get('first_batch_s', float('nan')):.2f} | {s['cpu_util_pct']:.0f}% |")
     base = {s["pipeline"]: s["img_s"] for s in res["summary"]}
     note = (f"\n{res['cores']} cores, batch {res['batch_size']}, image size "
             f"{res['image_size'][0]}x{res['image_size'][1]}, synthetic step "

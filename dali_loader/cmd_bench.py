@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 __all__ = ["add_parsers", "handler"]
@@ -20,8 +21,8 @@ def add_parsers(subparsers) -> argparse.ArgumentParser:
     p.add_argument("source", help="local folder, FUSE path or gs://bucket/prefix")
     p.add_argument("--step-time", type=float, default=0.0, metavar="S",
                    help="seconds per batch of the synthetic training step (default: 0)")
-    p.add_argument("--out", default="bench-out", metavar="DIR",
-                   help="output folder (default: bench-out)")
+    p.add_argument("--out", default=os.path.join("out", "bench"), metavar="DIR",
+                   help="output folder (default: out/bench)")
     p.add_argument("--tensorboard", default=None, metavar="DIR",
                    help="also write the scalars for TensorBoard here")
     p.add_argument("--batches", type=int, default=None, metavar="N",

@@ -44,18 +44,25 @@ class ReadAhead:
             return e
 
     def map(self, items: Iterable[Any]) -> Iterator[Any]:
-        """Yields `fn(item)` (or the exception it raised) for each item, in order."""
+        """Yields `fn(item)` (or the exception it raised) for each item, in order.
+
+        The first window of reads is submitted at once, before the first
+        result is asked for, so reads overlap whatever the caller does next.
+        """
         if self._pool is None:
             self._pool = cf.ThreadPoolExecutor(
                 self.max_in_flight, thread_name_prefix="dali-loader-read"
             )
         it = iter(items)
         pending: collections.deque[cf.Future] = collections.deque()
+        for item in it:
+            pending.append(self._pool.submit(self._call, item))
+            if len(pending) >= self.window:
+                break
+        return self._drain(it, pending)
+
+    def _drain(self, it: Iterator[Any], pending: collections.deque) -> Iterator[Any]:
         try:
-            for item in it:
-                pending.append(self._pool.submit(self._call, item))
-                if len(pending) >= self.window:
-                    break
             while pending:
                 result = pending.popleft().result()
                 for item in it:

@@ -50,6 +50,14 @@ def test_timed_epoch_constructed_cases():
     assert input_bound_class(slow_input.input_wait_pct) == "highly input-bound"
     assert input_bound_class(slow_step.input_wait_pct) == "not input-bound"
     assert timed_epoch("c", _batches(9, 0.0), 0.0, max_batches=3).batches == 3
+    # Slow start-up only: the first batch waits, the steady state does not.
+    def slow_start():
+        time.sleep(0.5)
+        yield from _batches(4, 0.0)
+    start = timed_epoch("d", slow_start(), step_time=0.05)
+    assert input_bound_class(start.input_wait_pct) == "highly input-bound"
+    assert input_bound_class(start.steady_wait_pct) == "not input-bound"
+    assert start.first_wait_s >= 0.5
     s = summarize([slow_input, slow_step])
     assert [r["pipeline"] for r in s] == ["a", "b"]
     with pytest.raises(ValueError, match="Received"):
