@@ -9,7 +9,7 @@
 5. Trains a small Keras CNN (a stand-in: the question does not show its model) for a bounded time
    with the seed's pipeline and with `tf_adapter.image_dataset_from_directory("gs://...")`.
 
-Prints the side-by-side tables and the chart's path. About 5 minutes on 2 cores.
+Prints the side-by-side tables and the chart's path. About 3-4 minutes on 2 cores.
 
     .venv/bin/python benchmarks/demo.py [--out out/demo] [--num-images 512] [--train-seconds 45]
 """
