@@ -174,7 +174,7 @@ def _pipelines(source: str, batch_size: int, image_size: Sequence[int],
         if not want(name) and not want("loader"):
             continue
         try:
-            from dali_loader.loader import open_loader
+            from dali_loader.api import open_loader
 
             loader = open_loader(source, batch_size=batch_size, image_size=tuple(image_size),
                                  shuffle=True, seed=0, device=dev,

@@ -235,7 +235,7 @@ def _measure_loader(source: str, batch_size: int, image_size: Sequence[int], max
                                                                     str | None]:
     """End-to-end images/s of this loader (cold cache for gs://), excluding the first batch."""
     try:
-        from dali_loader.loader import open_loader
+        from dali_loader.api import open_loader
     except ImportError as exc:
         return None, None, f"loader unavailable: {exc}"
     with tempfile.TemporaryDirectory(prefix="dali-diag-cache-") as cache:

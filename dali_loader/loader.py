@@ -22,7 +22,6 @@ from typing import Any
 
 import numpy as np
 
-from dali_loader.devices import resolve_device
 from dali_loader.index import Index
 from dali_loader.pipeline import ImageSpec, build_pipeline, probe_decode
 from dali_loader.readahead import ReadAhead
@@ -35,12 +34,12 @@ ON_ERROR = ("raise", "skip")
 
 
 class _Batch:
-    __slots__ = ("positions", "paths", "arrays")
+    __slots__ = ("positions", "paths", "data")
 
     def __init__(self):
         self.positions: list[int] = []
         self.paths: list[str] = []
-        self.arrays: list[np.ndarray] = []
+        self.data: list[bytes] = []
 
 
 class _EpochFeed:
@@ -73,7 +72,7 @@ class _EpochFeed:
         if batch is None:
             raise StopIteration
         self.in_flight.append(batch)
-        return batch.arrays
+        return [np.frombuffer(d, dtype=np.uint8) for d in batch.data]
 
 
 class BatchLoader:
@@ -92,6 +91,10 @@ class BatchLoader:
         max_in_flight: Reads in flight (threads of the read-ahead pool).
         read_ahead: Files read ahead of the decoder (default 2 batches, at
             least `max_in_flight`).
+        decode: Decode with DALI (default). With False the loader does I/O
+            only and yields `(list of checked encoded bytes, labels,
+            positions in the index)` batches, for a caller that decodes with
+            its own kernels.
     """
 
     def __init__(
@@ -108,6 +111,7 @@ class BatchLoader:
         on_error: str = "raise",
         max_in_flight: int = 16,
         read_ahead: int | None = None,
+        decode: bool = True,
     ):
         if on_error not in ON_ERROR:
             raise ValueError(
@@ -127,6 +131,7 @@ class BatchLoader:
         self.device = device
         self.num_threads = num_threads
         self.on_error = on_error
+        self.decode = decode
         self.skipped: dict[str, str] = {}
         self._read_fn = read_fn or read_local
         window = max(read_ahead or 2 * batch_size, max_in_flight)
@@ -161,7 +166,8 @@ class BatchLoader:
         path = self.index.paths[pos]
         try:
             data = self._read_fn(path)
-            return pos, prepare(data, path, rgba=self.spec.channels == 4)
+            rgba = self.decode and self.spec.channels == 4  # DALI drops some alpha
+            return pos, prepare(data, path, rgba=rgba)
         except CorruptImageError as e:
             return pos, e
         except FileNotFoundError:
@@ -180,10 +186,15 @@ class BatchLoader:
                 continue
             batch.positions.append(pos)
             batch.paths.append(self.index.paths[pos])
-            batch.arrays.append(np.frombuffer(item, dtype=np.uint8))
+            batch.data.append(item)
             if len(batch.positions) == self.batch_size:
                 break
         return batch if batch.positions else None
+
+    def report_bad(self, pos: int, reason: str) -> None:
+        """A file a caller's own decoder rejected: raise or skip, as configured."""
+        path = self.index.paths[pos]
+        self._bad(path, CorruptImageError(path, reason))
 
     def _bad(self, path: str, err: Exception) -> None:
         if self.on_error == "raise":
@@ -227,6 +238,9 @@ class BatchLoader:
         One epoch runs at a time: starting a new one abandons an unfinished
         one (its iterator just ends), as when Keras stops an epoch early.
         """
+        if not self.decode:
+            yield from self._encoded_epoch()
+            return
         t0 = time.perf_counter()
         token = self._active = object()
         epoch = self.epoch
@@ -267,6 +281,22 @@ class BatchLoader:
                 self._feed.start(None)
                 self._active = None
 
+    def _encoded_epoch(self) -> Iterator[tuple[list[bytes], np.ndarray | None, list[int]]]:
+        """One epoch of checked, encoded batches; nothing is decoded."""
+        t0 = time.perf_counter()
+        epoch = self.epoch
+        self.epoch += 1
+        stream = self._reader.map(self._order_without_skipped(epoch).tolist())
+        self.epoch_setup_seconds.append(time.perf_counter() - t0)
+        try:
+            while (batch := self._next_batch(stream)) is not None:
+                labels = None
+                if self.index.labels is not None:
+                    labels = self.index.labels[batch.positions]
+                yield batch.data, labels, batch.positions
+        finally:
+            stream.close()
+
     def _to_numpy(self, out) -> np.ndarray:
         if self.device == "gpu":
             out = out.as_cpu()
@@ -280,8 +310,8 @@ class BatchLoader:
         suspects = list(self._feed.in_flight)
         culprits: dict[str, str] = {}
         for batch in suspects:
-            for path, arr in zip(batch.paths, batch.arrays):
-                problem = probe_decode(arr, self.spec)
+            for path, data in zip(batch.paths, batch.data):
+                problem = probe_decode(data, self.spec)
                 if problem:
                     culprits[path] = problem
             if culprits:
@@ -304,7 +334,7 @@ class BatchLoader:
                 nb = _Batch()
                 nb.positions = [batch.positions[i] for i in keep]
                 nb.paths = [batch.paths[i] for i in keep]
-                nb.arrays = [batch.arrays[i] for i in keep]
+                nb.data = [batch.data[i] for i in keep]
                 self._feed.replay.append(nb)
         self._feed.in_flight.clear()
         self._ensure_pipeline()
@@ -319,82 +349,3 @@ class BatchLoader:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def open_loader(
-    source: str,
-    *,
-    batch_size: int = 32,
-    image_size: tuple[int, int] = (256, 256),
-    color_mode: str = "rgb",
-    interpolation: str = "bilinear",
-    crop_to_aspect_ratio: bool = False,
-    pad_to_aspect_ratio: bool = False,
-    shuffle: bool = True,
-    seed: int | None = None,
-    labels: str | None = "inferred",
-    class_names: list[str] | None = None,
-    follow_links: bool = False,
-    device: str | None = None,
-    num_threads: int | None = None,
-    on_error: str = "raise",
-    max_in_flight: int = 64,
-    cache_dir: str | None = None,
-    cache_max_bytes: int | None = None,
-) -> BatchLoader:
-    """Lists `source` (folder, FUSE path or URL) and returns its `BatchLoader`.
-
-    The TF-free entry point; `tf_adapter.image_dataset_from_directory` is the
-    Keras-exact one (argument checks, splits, label modes, tf.data output).
-    """
-    from dali_loader.index import build_index
-    from dali_loader.sources import list_source
-
-    channels = {"rgb": 3, "rgba": 4, "grayscale": 1}.get(color_mode)
-    if channels is None:
-        raise ValueError(
-            '`color_mode` must be one of {"rgb", "rgba", "grayscale"}. '
-            f"Received: color_mode={color_mode}"
-        )
-    listing = list_source(
-        source,
-        follow_links=follow_links,
-        cache_dir=cache_dir,
-        cache_max_bytes=cache_max_bytes,
-        max_in_flight=max_in_flight,
-        labels_inferred=labels == "inferred",
-    )
-    if seed is None:
-        seed = int(np.random.randint(1e6))
-    index = build_index(
-        listing.root,
-        listing.rel_files,
-        listing.subdirs,
-        labels=labels,
-        class_names=class_names,
-        shuffle=shuffle,
-        seed=seed,
-        join=listing.join,
-    )
-    if not len(index):
-        raise ValueError(f"No images found in directory {source}.")
-    spec = ImageSpec(
-        int(image_size[0]),
-        int(image_size[1]),
-        channels,
-        interpolation,
-        crop_to_aspect_ratio,
-        pad_to_aspect_ratio,
-    )
-    return BatchLoader(
-        index,
-        spec,
-        batch_size=batch_size,
-        shuffle=shuffle,
-        seed=seed,
-        read_fn=listing.read,
-        device=resolve_device(device),
-        num_threads=num_threads,
-        on_error=on_error,
-        max_in_flight=max_in_flight,
-    )

@@ -115,9 +115,10 @@ def test_binary_needs_two_classes_like_keras(photo_tree):
     assert str(got.value) == str(ref.value)
 
 
-def test_raise_mode_names_the_file_and_process_stays_usable(bad_tree, id_tree):
+@pytest.mark.parametrize("decoder", ["tf", "dali"])
+def test_raise_mode_names_the_file_and_process_stays_usable(bad_tree, id_tree, decoder):
     root, bad = bad_tree
-    ds = ours(str(root), shuffle=False, image_size=(8, 8), batch_size=4)
+    ds = ours(str(root), shuffle=False, image_size=(8, 8), batch_size=4, decoder=decoder)
     with pytest.raises(tf.errors.OpError) as err:
         for _ in ds:
             pass
@@ -128,6 +129,25 @@ def test_raise_mode_names_the_file_and_process_stays_usable(bad_tree, id_tree):
     # The process is fine: a good dataset still loads.
     good = ours(str(id_tree), labels=None, image_size=(8, 8), shuffle=False)
     assert sum(int(x.shape[0]) for x in good) == 23
+
+
+def test_tf_decoder_failure_past_the_checks_names_the_file(bad_tree, tmp_path):
+    """TF's kernels reject a file the byte checks passed: the error still names it."""
+    root, _ = bad_tree
+    only = tmp_path / "one"
+    (only / "c").mkdir(parents=True)
+    for i in range(5):
+        shutil.copy(root / "even" / f"{2 * i:03d}.png", only / "c" / f"{i}.png")
+    shutil.copy(root / "odd" / "zlib.png", only / "c" / "9z.png")  # last in the epoch
+    ds = ours(str(only), shuffle=False, image_size=(8, 8), batch_size=2, decoder="tf")
+    with pytest.raises(tf.errors.OpError, match="9z.png"):
+        for _ in ds:
+            pass
+    ds = ours(str(only), shuffle=False, image_size=(8, 8), batch_size=2, decoder="tf",
+              on_error="skip")
+    for _ in range(2):
+        assert sum(int(x.shape[0]) for x, _ in ds) == 5
+    assert list(ds._dali_loader.skipped) == [str(only / "c" / "9z.png")]
 
 
 def test_decoder_failure_past_the_checks_names_the_file(bad_tree, tmp_path):
@@ -149,11 +169,13 @@ def test_decoder_failure_past_the_checks_names_the_file(bad_tree, tmp_path):
     assert list(skip.skipped) == [str(only / "c" / "3b.png")]
 
 
-def test_skip_mode_keeps_every_good_file_once_and_reports_every_bad_one(bad_tree, caplog):
+@pytest.mark.parametrize("decoder", ["tf", "dali"])
+def test_skip_mode_keeps_every_good_file_once_and_reports_every_bad_one(
+        bad_tree, caplog, decoder):
     root, bad = bad_tree
     caplog.set_level(logging.WARNING)
     ds = ours(str(root), shuffle=True, seed=3, image_size=(8, 8), batch_size=5,
-              on_error="skip", label_mode=None)
+              on_error="skip", label_mode=None, decoder=decoder)
     for _ in range(2):
         ids = sorted(int(round(float(x[0, 0, 0]) / 10)) for b in ds for x in b.numpy())
         assert ids == list(range(23))

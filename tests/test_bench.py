@@ -66,7 +66,7 @@ def test_timed_epoch_constructed_cases():
 
 def _loader_importable() -> bool:
     try:
-        from dali_loader.loader import open_loader  # noqa: F401
+        from dali_loader.api import open_loader  # noqa: F401
     except ImportError:
         return False
     return True

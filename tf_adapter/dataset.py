@@ -151,26 +151,43 @@ def _to_dataset(loader: BatchLoader, batch_size, label_mode, num_classes, known_
     tf = _tf()
     spec = loader.spec
     img_dtype = tf.uint8 if spec.output_uint8 else tf.float32
-    img_sig = tf.TensorSpec((None, *spec.shape), img_dtype)
-    if label_mode:
-        sig = (img_sig, tf.TensorSpec((None,), tf.int32))
+    label_sig = tf.TensorSpec((None,), tf.int32)
 
-        def gen():
-            yield from loader
-    else:
-        sig = img_sig
+    def batches():
+        for x, y in loader:  # unlabelled: placeholder labels, dropped below
+            yield x, (np.zeros(len(x), np.int32) if y is None else y)
 
-        def gen():
-            for images, _ in loader:
-                yield images
+    if loader.decode:  # DALI decodes and resizes (the GPU path)
+        sig = (tf.TensorSpec((None, *spec.shape), img_dtype), label_sig)
+        ds = tf.data.Dataset.from_generator(batches, output_signature=sig)
+        if batch_size is None:
+            ds = ds.unbatch()
+    else:  # the loader reads; TF's kernels decode, as in Keras
+        from tf_adapter.decode import DecodeAuditor, decode_like_keras
 
-    ds = tf.data.Dataset.from_generator(gen, output_signature=sig)
-    if label_mode == "categorical":
+        auditor = DecodeAuditor(loader)
+        sig = (tf.TensorSpec((None,), tf.string), label_sig, tf.TensorSpec((None,), tf.int64))
+        ds = tf.data.Dataset.from_generator(auditor.epoch, output_signature=sig)
+        ds = ds.unbatch().map(
+            lambda data, y, pos: (decode_like_keras(data, spec, tf), y, pos),
+            num_parallel_calls=tf.data.AUTOTUNE,
+        ).ignore_errors()
+
+        def audit(x, y, pos):
+            ok = tf.py_function(auditor.check, [pos], tf.bool)
+            with tf.control_dependencies([ok]):
+                keep = pos >= 0  # drop the end-of-epoch marker
+                return tf.boolean_mask(x, keep), tf.boolean_mask(y, keep)
+
+        ds = ds.batch(batch_size or 32).map(audit).filter(lambda x, y: tf.shape(x)[0] > 0)
+        if batch_size is None:
+            ds = ds.unbatch()
+    if label_mode is None:
+        ds = ds.map(lambda x, y: x)
+    elif label_mode == "categorical":
         ds = ds.map(lambda x, y: (x, tf.one_hot(y, num_classes)))
     elif label_mode == "binary":
         ds = ds.map(lambda x, y: (x, tf.expand_dims(tf.cast(y, "float32"), -1)))
-    if batch_size is None:
-        ds = ds.unbatch()
     if known_size:
         size = len(loader) if batch_size else loader.num_files
         ds = ds.apply(tf.data.experimental.assert_cardinality(size))
@@ -205,6 +222,7 @@ def image_dataset_from_directory(
     max_in_flight=64,
     cache_dir=None,
     cache_max_bytes=None,
+    decoder=None,
 ):
     """Generates a `tf.data.Dataset` from image files in a directory.
 
@@ -221,6 +239,8 @@ def image_dataset_from_directory(
         cache_dir: Local cache folder for remote URLs (default under
             `~/.cache/dali-loader`).
         cache_max_bytes: Cache size bound, least recently used evicted first.
+        decoder: None (DALI on the GPU; TensorFlow's own kernels on the CPU,
+            where they are faster and bit-identical to Keras), "dali" or "tf".
 
     Returns:
         A `tf.data.Dataset`, or a list of two for `subset="both"`, each with
@@ -235,6 +255,16 @@ def image_dataset_from_directory(
         label_mode = None
     _check_loader_args(on_error, num_threads, max_in_flight, cache_max_bytes)
     device = resolve_tf_device(device)
+    if decoder not in (None, "dali", "tf"):
+        raise ValueError(
+            f'`decoder` must be None, "dali" or "tf". Received: decoder={decoder}'
+        )
+    if decoder == "tf" and device == "gpu":
+        raise ValueError(
+            'decoder="tf" decodes on the CPU; it cannot be combined with '
+            f'device="gpu". Received: decoder={decoder}, device={device}'
+        )
+    use_dali = decoder == "dali" or device == "gpu"
     if pad_to_aspect_ratio and crop_to_aspect_ratio:
         raise ValueError(
             "Only one of `pad_to_aspect_ratio`, `crop_to_aspect_ratio`"
@@ -273,7 +303,7 @@ def image_dataset_from_directory(
         loader = BatchLoader(
             sub_index, spec, batch_size=batch_size or 32, shuffle=sub_shuffle,
             seed=seed, read_fn=listing.read, device=device, num_threads=num_threads,
-            on_error=on_error, max_in_flight=max_in_flight,
+            on_error=on_error, max_in_flight=max_in_flight, decode=use_dali,
         )
         ds = _to_dataset(loader, batch_size, label_mode,
                          len(class_names) if class_names else 0, on_error == "raise")

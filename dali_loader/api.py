@@ -1,0 +1,87 @@
+"""The TF-free entry point: a folder, FUSE path or URL in, a `BatchLoader` out."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from dali_loader.devices import resolve_device
+from dali_loader.index import build_index
+from dali_loader.loader import BatchLoader
+from dali_loader.pipeline import ImageSpec
+from dali_loader.sources import list_source
+
+
+def open_loader(
+    source: str,
+    *,
+    batch_size: int = 32,
+    image_size: tuple[int, int] = (256, 256),
+    color_mode: str = "rgb",
+    interpolation: str = "bilinear",
+    crop_to_aspect_ratio: bool = False,
+    pad_to_aspect_ratio: bool = False,
+    shuffle: bool = True,
+    seed: int | None = None,
+    labels: str | None = "inferred",
+    class_names: list[str] | None = None,
+    follow_links: bool = False,
+    device: str | None = None,
+    num_threads: int | None = None,
+    on_error: str = "raise",
+    max_in_flight: int = 64,
+    cache_dir: str | None = None,
+    cache_max_bytes: int | None = None,
+) -> BatchLoader:
+    """Lists `source` (folder, FUSE path or URL) and returns its `BatchLoader`.
+
+    The TF-free entry point; `tf_adapter.image_dataset_from_directory` is the
+    Keras-exact one (argument checks, splits, label modes, tf.data output).
+    """
+    channels = {"rgb": 3, "rgba": 4, "grayscale": 1}.get(color_mode)
+    if channels is None:
+        raise ValueError(
+            '`color_mode` must be one of {"rgb", "rgba", "grayscale"}. '
+            f"Received: color_mode={color_mode}"
+        )
+    listing = list_source(
+        source,
+        follow_links=follow_links,
+        cache_dir=cache_dir,
+        cache_max_bytes=cache_max_bytes,
+        max_in_flight=max_in_flight,
+        labels_inferred=labels == "inferred",
+    )
+    if seed is None:
+        seed = int(np.random.randint(1e6))
+    index = build_index(
+        listing.root,
+        listing.rel_files,
+        listing.subdirs,
+        labels=labels,
+        class_names=class_names,
+        shuffle=shuffle,
+        seed=seed,
+        join=listing.join,
+    )
+    if not len(index):
+        raise ValueError(f"No images found in directory {source}.")
+    spec = ImageSpec(
+        int(image_size[0]),
+        int(image_size[1]),
+        channels,
+        interpolation,
+        crop_to_aspect_ratio,
+        pad_to_aspect_ratio,
+    )
+    return BatchLoader(
+        index,
+        spec,
+        batch_size=batch_size,
+        shuffle=shuffle,
+        seed=seed,
+        read_fn=listing.read,
+        device=resolve_device(device),
+        num_threads=num_threads,
+        on_error=on_error,
+        max_in_flight=max_in_flight,
+    )
