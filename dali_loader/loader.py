@@ -95,6 +95,8 @@ class BatchLoader:
             only and yields `(list of checked encoded bytes, labels,
             positions in the index)` batches, for a caller that decodes with
             its own kernels.
+        read: With `decode=False`, False yields file paths instead of bytes
+            (the caller reads; for local disks, where reads are cheap).
     """
 
     def __init__(
@@ -112,6 +114,7 @@ class BatchLoader:
         max_in_flight: int = 16,
         read_ahead: int | None = None,
         decode: bool = True,
+        read: bool = True,
     ):
         if on_error not in ON_ERROR:
             raise ValueError(
@@ -132,6 +135,7 @@ class BatchLoader:
         self.num_threads = num_threads
         self.on_error = on_error
         self.decode = decode
+        self.read = read or decode
         self.skipped: dict[str, str] = {}
         self._read_fn = read_fn or read_local
         window = max(read_ahead or 2 * batch_size, max_in_flight)
@@ -281,13 +285,20 @@ class BatchLoader:
                 self._feed.start(None)
                 self._active = None
 
-    def _encoded_epoch(self) -> Iterator[tuple[list[bytes], np.ndarray | None, list[int]]]:
-        """One epoch of checked, encoded batches; nothing is decoded."""
+    def _encoded_epoch(self) -> Iterator[tuple[list, np.ndarray | None, list[int]]]:
+        """One epoch of checked, encoded batches (or just paths); no decoding."""
         t0 = time.perf_counter()
         epoch = self.epoch
         self.epoch += 1
-        stream = self._reader.map(self._order_without_skipped(epoch).tolist())
+        order = self._order_without_skipped(epoch).tolist()
         self.epoch_setup_seconds.append(time.perf_counter() - t0)
+        if not self.read:  # the caller reads the files itself
+            paths, labels = self.index.paths, self.index.labels
+            for i in range(0, len(order), self.batch_size):
+                pos = order[i : i + self.batch_size]
+                yield [paths[p] for p in pos], None if labels is None else labels[pos], pos
+            return
+        stream = self._reader.map(order)
         try:
             while (batch := self._next_batch(stream)) is not None:
                 labels = None

@@ -44,6 +44,31 @@ class Listing:
     remote: object | None = None
 
 
+NETWORK_FS = ("fuse", "nfs", "cifs", "smb", "9p", "ceph", "lustre", "gpfs", "beegfs")
+
+
+def on_network_fs(path: str) -> bool:
+    """True when `path` lives on a FUSE or network file system (per /proc/mounts).
+
+    Reads there have latency (gcsfuse: one GET per file), so the loader keeps
+    many in flight; on a local disk, TF's own reads are cheaper.
+    """
+    real = os.path.realpath(path)
+    best, fstype = "", ""
+    try:
+        with open("/proc/mounts") as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) < 3:
+                    continue
+                mnt = parts[1].replace("\\040", " ")
+                if (real == mnt or real.startswith(mnt.rstrip("/") + "/")) and len(mnt) > len(best):
+                    best, fstype = mnt, parts[2]
+    except OSError:
+        return False
+    return fstype.startswith(NETWORK_FS)
+
+
 def list_source(
     directory: str,
     follow_links: bool = False,

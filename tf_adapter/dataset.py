@@ -18,7 +18,7 @@ from dali_loader.index import ALLOWLIST_FORMATS, build_index, split
 from dali_loader.devices import resolve_device
 from dali_loader.loader import BatchLoader
 from dali_loader.pipeline import INTERPOLATIONS, ImageSpec
-from dali_loader.sources import list_source
+from dali_loader.sources import list_source, on_network_fs
 
 logger = logging.getLogger(__name__)
 
@@ -168,16 +168,22 @@ def _to_dataset(loader: BatchLoader, batch_size, label_mode, num_classes, known_
         auditor = DecodeAuditor(loader)
         sig = (tf.TensorSpec((None,), tf.string), label_sig, tf.TensorSpec((None,), tf.int64))
         ds = tf.data.Dataset.from_generator(auditor.epoch, output_signature=sig)
+        def read(data, pos):  # bytes from the loader, or a path for TF to read
+            if loader.read:
+                return data
+            # The end-of-epoch marker (pos -1) comes as bytes, not a path.
+            return tf.cond(pos >= 0, lambda: tf.io.read_file(data), lambda: data)
+
         ds = ds.unbatch().map(
-            lambda data, y, pos: (decode_like_keras(data, spec, tf), y, pos),
+            lambda data, y, pos: (decode_like_keras(read(data, pos), spec, tf), y, pos),
             num_parallel_calls=tf.data.AUTOTUNE,
         ).ignore_errors()
 
         def audit(x, y, pos):
             ok = tf.py_function(auditor.check, [pos], tf.bool)
             with tf.control_dependencies([ok]):
-                keep = pos >= 0  # drop the end-of-epoch marker
-                return tf.boolean_mask(x, keep), tf.boolean_mask(y, keep)
+                n = tf.shape(pos)[0] - tf.cast(pos[-1] < 0, tf.int32)  # drop the marker
+                return x[:n], y[:n]
 
         ds = ds.batch(batch_size or 32).map(audit).filter(lambda x, y: tf.shape(x)[0] > 0)
         if batch_size is None:
@@ -299,11 +305,15 @@ def image_dataset_from_directory(
         data_format == "channels_first",
     )
 
+    # With TF's kernels on a local disk, TF reads too (cheapest); on FUSE/NFS
+    # and gs:// the loader's read-ahead keeps max_in_flight reads going.
+    tf_reads = not use_dali and listing.remote is None and not on_network_fs(listing.root)
+
     def make(sub_index, sub_shuffle):
         loader = BatchLoader(
             sub_index, spec, batch_size=batch_size or 32, shuffle=sub_shuffle,
             seed=seed, read_fn=listing.read, device=device, num_threads=num_threads,
-            on_error=on_error, max_in_flight=max_in_flight, decode=use_dali,
+            on_error=on_error, max_in_flight=max_in_flight, decode=use_dali, read=not tf_reads,
         )
         ds = _to_dataset(loader, batch_size, label_mode,
                          len(class_names) if class_names else 0, on_error == "raise")
