@@ -4,7 +4,10 @@ In one process, in alternating rounds, over the same folder at 244x244 and batch
 
 * ``seed``: the question's tf.data pipeline verbatim (its 80% training split);
 * ``loader``: ``tf_adapter.image_dataset_from_directory(dir, batch_size=128, image_size=(244, 244),
-  shuffle=True, seed=1)`` iterated as a ``tf.data.Dataset``;
+  shuffle=True, seed=1)`` iterated as a ``tf.data.Dataset`` (on this CPU-only machine: the
+  loader's index and I/O, TF's own decode/resize kernels);
+* ``loader (decoder='dali')``: the same, decoded and resized by DALI on the CPU (the GPU path's
+  graph), to show why the CPU default is TF's kernels;
 * ``decode-bound``: the fastest CPU PNG decoder on all cores, no resize, of three candidates
   (tf.io.decode_png in a parallel tf.data map, Pillow in a thread pool, DALI decoders.image).
 
@@ -91,12 +94,12 @@ def decode_dali(paths: list[str]) -> float:
     return steps * bs / dt
 
 
-def run_loader_epoch(data_dir: str):
+def run_loader_epoch(data_dir: str, decoder: str | None = None):
     """The loader through the tf_adapter (same call as the Keras function)."""
     from tf_adapter import image_dataset_from_directory
 
     return image_dataset_from_directory(data_dir, batch_size=128, image_size=(244, 244),
-                                        shuffle=True, seed=1)
+                                        shuffle=True, seed=1, decoder=decoder, verbose=False)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -120,17 +123,21 @@ def main(argv: list[str] | None = None) -> int:
     seed_ds = seed_pipeline(data, batch_size=128, image_size=(244, 244))[0]
     try:
         loader_ds = run_loader_epoch(data)
+        dali_ds = run_loader_epoch(data, decoder="dali")
         loader_err = None
     except Exception as exc:  # the adapter may be missing in a partial checkout
-        loader_ds, loader_err = None, f"{type(exc).__name__}: {exc}"
+        loader_ds = dali_ds = None
+        loader_err = f"{type(exc).__name__}: {exc}"
         print(f"loader not run: {loader_err}")
 
     decoders = {"tf.io.decode_png (tf.data map)": decode_tf,
                 f"Pillow ({CORES} threads)": decode_pillow,
                 "DALI decoders.image (cpu)": decode_dali}
-    rates: dict[str, list[float]] = {"seed": [], "loader": [], **{k: [] for k in decoders}}
+    rates: dict[str, list[float]] = {"seed": [], "loader": [], "loader (decoder='dali')": [],
+                                     **{k: [] for k in decoders}}
     for r in range(args.rounds):
-        for name, ds in (("seed", seed_ds), ("loader", loader_ds)):
+        for name, ds in (("seed", seed_ds), ("loader", loader_ds),
+                         ("loader (decoder='dali')", dali_ds)):
             if ds is None:
                 continue
             if r == 0:  # warm up: graph tracing, thread pools, page cache

@@ -85,3 +85,35 @@ def open_loader(
         on_error=on_error,
         max_in_flight=max_in_flight,
     )
+
+
+def open_dataset(
+    source: str,
+    *,
+    batch_size: int = 32,
+    image_size: tuple[int, int] = (256, 256),
+    shuffle: bool = True,
+    seed: int = 0,
+    device: str | None = None,
+    decoder: str | None = None,
+    max_in_flight: int = 64,
+    cache_dir: str | None = None,
+):
+    """The loader as `image_dataset_from_directory` builds it, as a tf.data.Dataset.
+
+    RGB, bilinear, integer labels, no split: what `bench` and `diagnose` time.
+    `device=None` is the CPU unless DALI sees a GPU; the CPU decodes with TF's
+    kernels unless `decoder="dali"` (see `dali_loader.tfdata`).
+    """
+    from dali_loader.tfdata import make_loader, to_tf_dataset
+
+    listing = list_source(source, cache_dir=cache_dir, max_in_flight=max_in_flight)
+    index = build_index(listing.root, listing.rel_files, listing.subdirs,
+                        shuffle=shuffle, seed=seed, join=listing.join)
+    if not len(index):
+        raise ValueError(f"No images found in directory {source}.")
+    spec = ImageSpec(int(image_size[0]), int(image_size[1]))
+    loader = make_loader(listing, index, spec, batch_size=batch_size, shuffle=shuffle,
+                         seed=seed, device=resolve_device(device), decoder=decoder,
+                         max_in_flight=max_in_flight)
+    return to_tf_dataset(loader, batch_size, "int", len(index.class_names or []), True)

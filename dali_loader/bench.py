@@ -174,18 +174,20 @@ def _pipelines(source: str, batch_size: int, image_size: Sequence[int],
         if not want(name) and not want("loader"):
             continue
         try:
-            from dali_loader.api import open_loader
+            from dali_loader.api import open_dataset
 
-            loader = open_loader(source, batch_size=batch_size, image_size=tuple(image_size),
-                                 shuffle=True, seed=0, device=dev,
-                                 cache_dir=None if cache_dir is None else
-                                 os.path.join(cache_dir, dev))
+            # What image_dataset_from_directory builds: TF kernels decode on
+            # the CPU, DALI on the GPU; the loader does the I/O either way.
+            loader = open_dataset(source, batch_size=batch_size, image_size=tuple(image_size),
+                                  shuffle=True, seed=0, device=dev,
+                                  cache_dir=None if cache_dir is None else
+                                  os.path.join(cache_dir, dev))
         except Exception as exc:  # a missing loader or device must not kill the other rows
             skipped[name] = f"{type(exc).__name__}: {exc}"
             logger.warning("Skipping %s: %s", name, skipped[name])
             continue
         pipes[name] = loader
-        closers.append(loader)
+        closers.append(loader._dali_loader)
     if "gpu" not in devices:
         skipped["loader-gpu"] = "no GPU visible"
     return pipes, skipped, closers

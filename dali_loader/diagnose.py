@@ -235,20 +235,21 @@ def _measure_loader(source: str, batch_size: int, image_size: Sequence[int], max
                                                                     str | None]:
     """End-to-end images/s of this loader (cold cache for gs://), excluding the first batch."""
     try:
-        from dali_loader.api import open_loader
+        from dali_loader.api import open_dataset
     except ImportError as exc:
         return None, None, f"loader unavailable: {exc}"
     with tempfile.TemporaryDirectory(prefix="dali-diag-cache-") as cache:
-        try:
-            loader = open_loader(source, batch_size=batch_size, image_size=tuple(image_size),
-                                 shuffle=True, seed=0, device=device,
-                                 max_in_flight=max_in_flight, cache_dir=cache)
+        try:  # the dataset image_dataset_from_directory builds
+            dataset = open_dataset(source, batch_size=batch_size, image_size=tuple(image_size),
+                                   shuffle=True, seed=0, device=device,
+                                   max_in_flight=max_in_flight, cache_dir=cache)
         except Exception as exc:  # report, don't crash the diagnosis
             return None, None, f"{type(exc).__name__}: {exc}"
+        loader = dataset._dali_loader
         dev = getattr(loader, "device", device or "auto")
         try:
             n, t0, first = 0, None, 0
-            for i, (images, _labels) in enumerate(loader):
+            for i, (images, _labels) in enumerate(dataset):
                 if i == 0:
                     t0, first = time.perf_counter(), len(images)
                     continue

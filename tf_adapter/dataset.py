@@ -3,9 +3,9 @@
 Same signature, defaults, argument errors, file discovery, class order,
 labels, splits, messages, element_spec, `class_names` and `file_paths` as
 `keras.utils.image_dataset_from_directory` (Keras 3); then keyword-only loader
-options. Images come from a `dali_loader.BatchLoader` (DALI decode + resize,
-on the GPU when there is one) through `tf.data.Dataset.from_generator`, one
-Python call per batch.
+options. Files come through a `dali_loader.BatchLoader` (index, read-ahead,
+gs:// cache); DALI decodes and resizes on the GPU, TF's own kernels on the
+CPU (`dali_loader.tfdata` says why), with one Python call per batch.
 """
 
 from __future__ import annotations
@@ -16,21 +16,11 @@ import numpy as np
 
 from dali_loader.index import ALLOWLIST_FORMATS, build_index, split
 from dali_loader.devices import resolve_device
-from dali_loader.loader import BatchLoader
 from dali_loader.pipeline import INTERPOLATIONS, ImageSpec
-from dali_loader.sources import list_source, on_network_fs
+from dali_loader.sources import list_source
+from dali_loader.tfdata import import_tf, make_loader, to_tf_dataset
 
 logger = logging.getLogger(__name__)
-
-
-def _tf():
-    try:
-        import tensorflow as tf
-    except ImportError as e:
-        raise ImportError(
-            "tf_adapter needs TensorFlow: pip install tensorflow (or run `make install`)."
-        ) from e
-    return tf
 
 
 def _check_args(labels, label_mode, class_names, color_mode, image_size,
@@ -146,62 +136,6 @@ def _data_format(data_format):
     return data_format
 
 
-def _to_dataset(loader: BatchLoader, batch_size, label_mode, num_classes, known_size):
-    """Wraps a loader as a finite, batched tf.data.Dataset like Keras's."""
-    tf = _tf()
-    spec = loader.spec
-    img_dtype = tf.uint8 if spec.output_uint8 else tf.float32
-    label_sig = tf.TensorSpec((None,), tf.int32)
-
-    def batches():
-        for x, y in loader:  # unlabelled: placeholder labels, dropped below
-            yield x, (np.zeros(len(x), np.int32) if y is None else y)
-
-    if loader.decode:  # DALI decodes and resizes (the GPU path)
-        sig = (tf.TensorSpec((None, *spec.shape), img_dtype), label_sig)
-        ds = tf.data.Dataset.from_generator(batches, output_signature=sig)
-        if batch_size is None:
-            ds = ds.unbatch()
-    else:  # the loader reads; TF's kernels decode, as in Keras
-        from tf_adapter.decode import DecodeAuditor, decode_like_keras
-
-        auditor = DecodeAuditor(loader)
-        sig = (tf.TensorSpec((None,), tf.string), label_sig, tf.TensorSpec((None,), tf.int64))
-        ds = tf.data.Dataset.from_generator(auditor.epoch, output_signature=sig)
-        def read(data, pos):  # bytes from the loader, or a path for TF to read
-            if loader.read:
-                return data
-            # The end-of-epoch marker (pos -1) comes as bytes, not a path.
-            return tf.cond(pos >= 0, lambda: tf.io.read_file(data), lambda: data)
-
-        ds = ds.unbatch().map(
-            lambda data, y, pos: (decode_like_keras(read(data, pos), spec, tf), y, pos),
-            num_parallel_calls=tf.data.AUTOTUNE,
-        ).ignore_errors()
-
-        def audit(x, y, pos):
-            ok = tf.py_function(auditor.check, [pos], tf.bool)
-            with tf.control_dependencies([ok]):
-                n = tf.shape(pos)[0] - tf.cast(pos[-1] < 0, tf.int32)  # drop the marker
-                return x[:n], y[:n]
-
-        ds = ds.batch(batch_size or 32).map(audit).filter(lambda x, y: tf.shape(x)[0] > 0)
-        if batch_size is None:
-            ds = ds.unbatch()
-    if label_mode is None:
-        ds = ds.map(lambda x, y: x)
-    elif label_mode == "categorical":
-        ds = ds.map(lambda x, y: (x, tf.one_hot(y, num_classes)))
-    elif label_mode == "binary":
-        ds = ds.map(lambda x, y: (x, tf.expand_dims(tf.cast(y, "float32"), -1)))
-    if known_size:
-        size = len(loader) if batch_size else loader.num_files
-        ds = ds.apply(tf.data.experimental.assert_cardinality(size))
-    ds = ds.prefetch(2)
-    ds._dali_loader = loader  # keeps the pipeline alive with the dataset
-    return ds
-
-
 def image_dataset_from_directory(
     directory,
     labels="inferred",
@@ -270,7 +204,6 @@ def image_dataset_from_directory(
             'decoder="tf" decodes on the CPU; it cannot be combined with '
             f'device="gpu". Received: decoder={decoder}, device={device}'
         )
-    use_dali = decoder == "dali" or device == "gpu"
     if pad_to_aspect_ratio and crop_to_aspect_ratio:
         raise ValueError(
             "Only one of `pad_to_aspect_ratio`, `crop_to_aspect_ratio`"
@@ -305,17 +238,14 @@ def image_dataset_from_directory(
         data_format == "channels_first",
     )
 
-    # With TF's kernels on a local disk, TF reads too (cheapest); on FUSE/NFS
-    # and gs:// the loader's read-ahead keeps max_in_flight reads going.
-    tf_reads = not use_dali and listing.remote is None and not on_network_fs(listing.root)
 
     def make(sub_index, sub_shuffle):
-        loader = BatchLoader(
-            sub_index, spec, batch_size=batch_size or 32, shuffle=sub_shuffle,
-            seed=seed, read_fn=listing.read, device=device, num_threads=num_threads,
-            on_error=on_error, max_in_flight=max_in_flight, decode=use_dali, read=not tf_reads,
+        loader = make_loader(
+            listing, sub_index, spec, batch_size=batch_size or 32, shuffle=sub_shuffle,
+            seed=seed, device=device, decoder=decoder, num_threads=num_threads,
+            on_error=on_error, max_in_flight=max_in_flight,
         )
-        ds = _to_dataset(loader, batch_size, label_mode,
+        ds = to_tf_dataset(loader, batch_size, label_mode,
                          len(class_names) if class_names else 0, on_error == "raise")
         ds.class_names = class_names
         ds.file_paths = list(sub_index.paths)
@@ -361,7 +291,7 @@ def resolve_tf_device(device):
         )
     if device == "cpu":
         return "cpu"
-    tf = _tf()
+    tf = import_tf()
     gpus = tf.config.list_physical_devices("GPU")
     if not gpus:
         if device == "gpu":

@@ -1,0 +1,216 @@
+"""tf.data output: a `BatchLoader` as a finite, Keras-shaped `tf.data.Dataset`.
+
+Two decode paths behind one dataset:
+- DALI (`BatchLoader(decode=True)`, the GPU path): DALI decodes and resizes;
+  batches cross into TF through `from_generator`, one Python call per batch.
+- TensorFlow's own kernels (the CPU default): on a CPU-only machine DALI's PNG
+  decoder is no faster than TF's and its resize costs about twice as much
+  (README, "Why TF kernels on the CPU"), so the loader keeps its I/O (index,
+  read-ahead, gs:// cache, byte checks) and TF decodes with the ops of Keras's
+  `_load_image_tf`: bit-identical to Keras, for every option.
+TensorFlow is imported lazily; `dali_loader` stays usable without it.
+"""
+
+from __future__ import annotations
+
+import collections
+import struct
+import zlib
+
+import numpy as np
+
+from dali_loader.loader import BatchLoader
+from dali_loader.sources import Listing, on_network_fs
+from dali_loader.validate import CorruptImageError
+
+
+def import_tf():
+    """Imports TensorFlow, with an error that says what to install."""
+    try:
+        import tensorflow as tf
+    except ImportError as e:
+        raise ImportError(
+            "tf.data output needs TensorFlow: pip install tensorflow (or run `make install`)."
+        ) from e
+    return tf
+
+
+def make_loader(listing: Listing, index, spec, *, batch_size: int, shuffle: bool, seed: int,
+                device: str, decoder: str | None = None, num_threads: int | None = None,
+                on_error: str = "raise", max_in_flight: int = 64) -> BatchLoader:
+    """The `BatchLoader` for a dataset: DALI on the GPU (or `decoder="dali"`),
+    else TF's kernels; on a local disk TF reads the files too, while FUSE/NFS
+    mounts and URLs keep the loader's read-ahead with `max_in_flight` reads."""
+    use_dali = decoder == "dali" or device == "gpu"
+    tf_reads = not use_dali and listing.remote is None and not on_network_fs(listing.root)
+    return BatchLoader(
+        index, spec, batch_size=batch_size, shuffle=shuffle, seed=seed,
+        read_fn=listing.read, device=device, num_threads=num_threads, on_error=on_error,
+        max_in_flight=max_in_flight, decode=use_dali, read=not tf_reads,
+    )
+
+
+
+def _tiny_png() -> bytes:
+    """A valid 1x1 grey PNG: the end-of-epoch marker that rides through decode."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    ihdr = struct.pack(">IIBBBBB", 1, 1, 8, 0, 0, 0, 0)
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr)
+            + chunk(b"IDAT", zlib.compress(b"\x00\x00")) + chunk(b"IEND", b""))
+
+
+END_MARKER = _tiny_png()
+
+
+class DecodeAuditor:
+    """Names the files TF's decoder rejected, so none is lost silently.
+
+    Decoding runs under `ignore_errors()`; every batch's surviving index
+    positions are checked, in order, against what the loader emitted. A gap is
+    a file the decoder failed on: `loader.report_bad` raises an error naming it
+    (`on_error="raise"`) or logs and records it (`"skip"`). Each epoch ends with
+    a marker image (position -1) so a bad file at the very end is caught too.
+    """
+
+    def __init__(self, loader):
+        self.loader = loader
+        self.emitted: collections.deque[int] = collections.deque()
+        self.error: Exception | None = None
+
+    def epoch(self):
+        """Yields the loader's encoded batches, the last one with the marker.
+
+        A read-stage error (`on_error="raise"`) is held and raised by `check`
+        at the marker: raised here, `ignore_errors()` would swallow it.
+        """
+        self.emitted.clear()
+        self.error = None
+        try:
+            for data, labels, positions in self.loader:
+                self.emitted.extend(positions)
+                labels = np.zeros(len(data), np.int32) if labels is None else labels
+                yield data, labels, np.asarray(positions, np.int64)
+        except CorruptImageError as e:
+            self.error = e
+        self.emitted.append(-1)
+        yield [END_MARKER], np.zeros(1, np.int32), np.asarray([-1], np.int64)
+
+    def check(self, positions) -> bool:
+        """Reports every emitted position missing before each survivor."""
+        for pos in positions.numpy().tolist():
+            while self.emitted and self.emitted[0] != pos:
+                self.loader.report_bad(self.emitted.popleft(), "TensorFlow's decoder failed on it")
+            if self.emitted:
+                self.emitted.popleft()
+            if pos == -1 and self.error is not None:
+                err, self.error = self.error, None
+                raise err
+        return True
+
+
+def decode_like_keras(data, spec, tf):
+    """Decodes one encoded image tensor the way Keras's loader decodes a file.
+
+    Args:
+        data: A scalar tf.string with the file's bytes.
+        spec: The `dali_loader.pipeline.ImageSpec` to produce.
+        tf: The tensorflow module.
+
+    Returns:
+        The image tensor, shaped like Keras's (HWC, or CHW for channels_first).
+    """
+    size = (spec.height, spec.width)
+    data_format = "channels_first" if spec.channels_first else "channels_last"
+    img = tf.image.decode_image(data, channels=spec.channels, expand_animations=False)
+    if spec.crop_to_aspect_ratio:
+        if spec.channels_first:
+            img = tf.transpose(img, (2, 0, 1))
+        img = _smart_resize(img, size, spec.interpolation, data_format)
+    elif spec.pad_to_aspect_ratio:
+        img = tf.image.resize_with_pad(img, size[0], size[1], method=spec.interpolation)
+        if spec.channels_first:
+            img = tf.transpose(img, (2, 0, 1))
+    else:
+        img = tf.image.resize(img, size, method=spec.interpolation)
+        if spec.channels_first:
+            img = tf.transpose(img, (2, 0, 1))
+    img.set_shape(spec.shape)
+    return img
+
+
+def _smart_resize(img, size, interpolation, data_format):
+    """Keras's `smart_resize` with its TensorFlow backend, as Keras calls it."""
+    from keras.preprocessing.image import smart_resize
+
+    try:
+        from keras.src.backend import tensorflow as tf_backend
+    except ImportError:  # pragma: no cover - a future Keras layout
+        return smart_resize(img, size, interpolation=interpolation, data_format=data_format)
+    return smart_resize(
+        img, size, interpolation=interpolation, data_format=data_format,
+        backend_module=tf_backend,
+    )
+
+
+def to_tf_dataset(loader: BatchLoader, batch_size, label_mode, num_classes, known_size):
+    """Wraps a loader as a finite, batched tf.data.Dataset like Keras's.
+
+    Args:
+        loader: The `BatchLoader` (`decode=True`: DALI decodes; else TF does).
+        batch_size: Images per batch, or None for single images.
+        label_mode: "int", "categorical", "binary" or None.
+        num_classes: For "categorical".
+        known_size: Assert the cardinality (`on_error="raise"`).
+    """
+    tf = import_tf()
+    spec = loader.spec
+    img_dtype = tf.uint8 if spec.output_uint8 else tf.float32
+    label_sig = tf.TensorSpec((None,), tf.int32)
+
+    def batches():
+        for x, y in loader:  # unlabelled: placeholder labels, dropped below
+            yield x, (np.zeros(len(x), np.int32) if y is None else y)
+
+    if loader.decode:  # DALI decodes and resizes (the GPU path)
+        sig = (tf.TensorSpec((None, *spec.shape), img_dtype), label_sig)
+        ds = tf.data.Dataset.from_generator(batches, output_signature=sig)
+        if batch_size is None:
+            ds = ds.unbatch()
+    else:  # the loader reads; TF's kernels decode, as in Keras
+        auditor = DecodeAuditor(loader)
+        sig = (tf.TensorSpec((None,), tf.string), label_sig, tf.TensorSpec((None,), tf.int64))
+        ds = tf.data.Dataset.from_generator(auditor.epoch, output_signature=sig)
+        def read(data, pos):  # bytes from the loader, or a path for TF to read
+            if loader.read:
+                return data
+            # The end-of-epoch marker (pos -1) comes as bytes, not a path.
+            return tf.cond(pos >= 0, lambda: tf.io.read_file(data), lambda: data)
+
+        ds = ds.unbatch().map(
+            lambda data, y, pos: (decode_like_keras(read(data, pos), spec, tf), y, pos),
+            num_parallel_calls=tf.data.AUTOTUNE,
+        ).ignore_errors()
+
+        def audit(x, y, pos):
+            ok = tf.py_function(auditor.check, [pos], tf.bool)
+            with tf.control_dependencies([ok]):
+                n = tf.shape(pos)[0] - tf.cast(pos[-1] < 0, tf.int32)  # drop the marker
+                return x[:n], y[:n]
+
+        ds = ds.batch(batch_size or 32).map(audit).filter(lambda x, y: tf.shape(x)[0] > 0)
+        if batch_size is None:
+            ds = ds.unbatch()
+    if label_mode is None:
+        ds = ds.map(lambda x, y: x)
+    elif label_mode == "categorical":
+        ds = ds.map(lambda x, y: (x, tf.one_hot(y, num_classes)))
+    elif label_mode == "binary":
+        ds = ds.map(lambda x, y: (x, tf.expand_dims(tf.cast(y, "float32"), -1)))
+    if known_size:
+        size = len(loader) if batch_size else loader.num_files
+        ds = ds.apply(tf.data.experimental.assert_cardinality(size))
+    ds = ds.prefetch(2)
+    ds._dali_loader = loader  # keeps the pipeline alive with the dataset
+    return ds
