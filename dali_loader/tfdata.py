@@ -196,8 +196,11 @@ def to_tf_dataset(loader: BatchLoader, batch_size, label_mode, num_classes, know
         def audit(x, y, pos):
             ok = tf.py_function(auditor.check, [pos], tf.bool)
             with tf.control_dependencies([ok]):
-                n = tf.shape(pos)[0] - tf.cast(pos[-1] < 0, tf.int32)  # drop the marker
-                return x[:n], y[:n]
+                return tf.cond(  # drop the marker; no copy for the other batches
+                    pos[-1] < 0,
+                    lambda: (x[:-1], y[:-1]),
+                    lambda: (tf.identity(x), tf.identity(y)),
+                )
 
         ds = ds.batch(batch_size or 32).map(audit).filter(lambda x, y: tf.shape(x)[0] > 0)
         if batch_size is None:
@@ -211,6 +214,6 @@ def to_tf_dataset(loader: BatchLoader, batch_size, label_mode, num_classes, know
     if known_size:
         size = len(loader) if batch_size else loader.num_files
         ds = ds.apply(tf.data.experimental.assert_cardinality(size))
-    ds = ds.prefetch(2)
+    ds = ds.prefetch(tf.data.AUTOTUNE)
     ds._dali_loader = loader  # keeps the pipeline alive with the dataset
     return ds
