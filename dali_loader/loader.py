@@ -170,7 +170,9 @@ class BatchLoader:
         path = self.index.paths[pos]
         try:
             data = self._read_fn(path)
-            rgba = self.decode and self.spec.channels == 4  # DALI drops some alpha
+            if not self.decode:  # the caller's decoder; its failures are audited
+                return pos, data
+            rgba = self.spec.channels == 4  # DALI drops some alpha: Pillow expands it
             return pos, prepare(data, path, rgba=rgba)
         except CorruptImageError as e:
             return pos, e
