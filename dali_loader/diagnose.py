@@ -6,8 +6,9 @@ the GPU). :func:`verdict` is a pure function of those rates: the stage with the 
 bounds the pipeline. Reads are modelled at two concurrencies: ``cores`` in flight (what a tf.data
 ``map(..., AUTOTUNE)`` keeps, the seed's pipeline) and the loader's ``max_in_flight``.
 
-Decode and resize are timed with Pillow in a thread pool (it releases the GIL); they stand for the
-CPU work any PNG decoder does (PNG is always decoded on the CPU, DALI's GPU decoder included).
+Decode and resize are timed with TensorFlow's kernels in a thread pool (what the loader decodes
+with on the CPU; Pillow when TF is not installed); they stand for the CPU work any PNG decoder
+does (PNG is always decoded on the CPU, DALI's GPU decoder included).
 """
 
 from __future__ import annotations
@@ -209,13 +210,25 @@ def _fetch_level(fetch, items: Sequence[str], in_flight: int) -> tuple[float, li
     return len(items) / (time.perf_counter() - t0), lat
 
 
-def _decode(data: bytes):
-    from PIL import Image
+def _kernels(image_size: Sequence[int]):
+    """(decode, resize) callables: TF's kernels (the loader's CPU path), else Pillow."""
+    size = (int(image_size[0]), int(image_size[1]))
+    try:
+        import tensorflow as tf
 
-    im = Image.open(io.BytesIO(data))
-    im = im.convert("RGB")
-    im.load()
-    return im
+        def decode(data: bytes):
+            return tf.io.decode_image(data, channels=3, expand_animations=False)
+
+        return decode, lambda im: tf.image.resize(im, size)
+    except ImportError:
+        from PIL import Image
+
+        def decode_pil(data: bytes):
+            im = Image.open(io.BytesIO(data)).convert("RGB")
+            im.load()
+            return im
+
+        return decode_pil, lambda im: im.resize(size[::-1], Image.BILINEAR)
 
 
 def _timed_map(fn, items: Sequence, workers: int, budget_s: float) -> float:
@@ -248,6 +261,8 @@ def _measure_loader(source: str, batch_size: int, image_size: Sequence[int], max
         loader = dataset._dali_loader
         dev = getattr(loader, "device", device or "auto")
         try:
+            for _ in dataset.take(2):  # warm-up: a process's first epoch runs slow
+                pass
             n, t0, first = 0, None, 0
             for i, (images, _labels) in enumerate(dataset):
                 if i == 0:
@@ -332,13 +347,10 @@ def run_diagnose(source: str, *, step_time: float = 0.0, batch_size: int = 32,
         blobs = list(pool_ex.map(fetch, paths))
     mean_bytes = statistics.fmean(len(b) for b in blobs)
 
-    decode_1 = _timed_map(_decode, blobs, 1, budget_s)
-    decode_n = _timed_map(_decode, blobs, cores, budget_s)
-    images = [_decode(b) for b in blobs]
-    from PIL import Image
-
-    size = (int(image_size[1]), int(image_size[0]))
-    resize = lambda im: im.resize(size, Image.BILINEAR)  # noqa: E731
+    decode, resize = _kernels(image_size)
+    decode_1 = _timed_map(decode, blobs, 1, budget_s)
+    decode_n = _timed_map(decode, blobs, cores, budget_s)
+    images = [decode(b) for b in blobs]
     resize_1 = _timed_map(resize, images, 1, budget_s / 2)
     resize_n = _timed_map(resize, images, cores, budget_s / 2)
     logger.info("decode %.0f/%.0f img/s, resize %.0f/%.0f img/s (1 core/all)",

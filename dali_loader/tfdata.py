@@ -20,6 +20,7 @@ import zlib
 import numpy as np
 
 from dali_loader.loader import BatchLoader
+from dali_loader.pipeline import default_num_threads
 from dali_loader.sources import Listing, on_network_fs
 from dali_loader.validate import CorruptImageError
 
@@ -190,7 +191,9 @@ def to_tf_dataset(loader: BatchLoader, batch_size, label_mode, num_classes, know
 
         ds = ds.unbatch().map(
             lambda data, y, pos: (decode_like_keras(read(data, pos), spec, tf), y, pos),
-            num_parallel_calls=tf.data.AUTOTUNE,
+            # One decode per core from the first batch on: AUTOTUNE ramps up
+            # over a few batches, which short epochs feel.
+            num_parallel_calls=default_num_threads(),
         ).ignore_errors()
 
         def audit(x, y, pos):
