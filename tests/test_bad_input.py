@@ -131,14 +131,20 @@ def test_raise_mode_names_the_file_and_process_stays_usable(bad_tree, id_tree, d
     assert sum(int(x.shape[0]) for x in good) == 23
 
 
-def test_tf_decoder_failure_past_the_checks_names_the_file(bad_tree, tmp_path):
-    """TF's kernels reject a file the byte checks passed: the error still names it."""
+def _good_and_one_zlib_bad(bad_tree, tmp_path, n_good: int, bad_name: str):
+    """A class folder of `n_good` good PNGs and one whose zlib stream is garbage."""
     root, _ = bad_tree
     only = tmp_path / "one"
     (only / "c").mkdir(parents=True)
-    for i in range(5):
+    for i in range(n_good):
         shutil.copy(root / "even" / f"{2 * i:03d}.png", only / "c" / f"{i}.png")
-    shutil.copy(root / "odd" / "zlib.png", only / "c" / "9z.png")  # last in the epoch
+    shutil.copy(root / "odd" / "zlib.png", only / "c" / bad_name)
+    return only
+
+
+def test_tf_decoder_failure_past_the_checks_names_the_file(bad_tree, tmp_path):
+    """TF's kernels reject a file the byte checks passed: the error still names it."""
+    only = _good_and_one_zlib_bad(bad_tree, tmp_path, 5, "9z.png")  # last in the epoch
     ds = ours(str(only), shuffle=False, image_size=(8, 8), batch_size=2, decoder="tf")
     with pytest.raises(tf.errors.OpError, match="9z.png"):
         for _ in ds:
@@ -151,12 +157,7 @@ def test_tf_decoder_failure_past_the_checks_names_the_file(bad_tree, tmp_path):
 
 
 def test_decoder_failure_past_the_checks_names_the_file(bad_tree, tmp_path):
-    root, _ = bad_tree
-    only = tmp_path / "one"
-    (only / "c").mkdir(parents=True)
-    for i in range(6):
-        shutil.copy(root / "even" / f"{2 * i:03d}.png", only / "c" / f"{i}.png")
-    shutil.copy(root / "odd" / "zlib.png", only / "c" / "3b.png")
+    only = _good_and_one_zlib_bad(bad_tree, tmp_path, 6, "3b.png")
     idx = build_index(str(only), ["c/" + p.name for p in (only / "c").iterdir()], ["c"],
                       shuffle=False)
     loader = BatchLoader(idx, ImageSpec(8, 8), batch_size=3)
