@@ -85,3 +85,28 @@ def test_object_that_keeps_failing_is_named_or_skipped(id_tree, gcs, tmp_path, c
     ids = sorted(int(round(float(x[0, 0, 0]) / 10)) for b in ds for x in b.numpy())
     assert ids == [i for i in range(23) if i != 5]
     assert any("gs://b/odd/005.png" in r.getMessage() for r in caplog.records)
+
+
+def test_kill9_during_prefetch_then_epoch_is_bit_identical(photo_tree, gcs, tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    server = gcs(photo_tree, faults=Faults(latency=0.03))
+    cache = str(tmp_path / "cache")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dali_loader.cli", "prefetch", "gs://b", "--cache-dir", cache,
+         "--max-in-flight", "2", "--no-progress"],
+        env=dict(os.environ), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while sum(server.media_counts.values()) < 6 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    os.kill(proc.pid, signal.SIGKILL)
+    assert proc.wait(timeout=30) == -signal.SIGKILL
+    kw = dict(image_size=(40, 56), batch_size=4, shuffle=False, verbose=False)
+    lx, ly = arrays(ours(str(photo_tree), **kw))
+    rx, ry = arrays(ours("gs://b", cache_dir=cache, **kw))
+    np.testing.assert_array_equal(rx, lx)
+    np.testing.assert_array_equal(ry, ly)
