@@ -125,6 +125,8 @@ class DiskCache:
         self.max_bytes = int(max_bytes)
         self._approx_bytes = used
         self._touched: dict[str, float] = {}  # path -> when this process last refreshed its mtime
+        # path -> payload offset, for entries this process verified (read or wrote).
+        self._verified: dict[str, int] = {}
 
     # ---------------------------------------------------------------- keys
     @staticmethod
@@ -151,6 +153,8 @@ class DiskCache:
         except FileNotFoundError:
             return None
         problem, data = self._decode(blob, bucket, meta)
+        if not problem:
+            self._verified[path] = len(blob) - len(data)
         if problem:
             logger.warning("Discarding cache entry for gs://%s/%s (%s).", bucket, meta.name, problem)
             with contextlib.suppress(FileNotFoundError):
@@ -165,6 +169,23 @@ class DiskCache:
             with contextlib.suppress(OSError):
                 os.utime(path)  # the least-recently-used clock (once a minute per entry is enough)
         return data
+
+    def located(self, bucket: str, meta: ObjectMeta) -> tuple[str, int] | None:
+        """`(file, payload offset)` of an entry this process already verified, if
+        it is still on disk: a reader may then take the payload straight from the
+        file (TF's own reads) without copying it through Python again."""
+        path = self.path_for(bucket, meta)
+        offset = self._verified.get(path)
+        if offset is None:
+            return None
+        try:
+            if os.stat(path).st_size != offset + meta.size:  # evicted or replaced
+                self._verified.pop(path, None)
+                return None
+        except FileNotFoundError:
+            self._verified.pop(path, None)
+            return None
+        return path, offset
 
     def _decode(self, blob: bytes, bucket: str, meta: ObjectMeta) -> tuple[str | None, bytes]:
         if len(blob) < 8 or blob[:4] != _MAGIC:
@@ -202,6 +223,7 @@ class DiskCache:
                     os.fsync(f.fileno())
             os.makedirs(os.path.dirname(path), exist_ok=True)
             os.replace(tmp, path)
+            self._verified[path] = 8 + len(header)
         except BaseException:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
@@ -273,6 +295,7 @@ class DiskCache:
                     break
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(path)
+                self._verified.pop(path, None)
                 freed += size
             with self._mutex:
                 self._approx_bytes = total - freed

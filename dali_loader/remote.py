@@ -189,6 +189,13 @@ class RemoteSource:
             self._write_behind(info, data)
         return data
 
+    def locate(self, info: ObjectInfo) -> tuple[str, int] | None:
+        """`(cache file, payload offset)` of an object this process has verified
+        and written to the cache, or None (then use `fetch`)."""
+        if self.cache is None or (info.name, info.generation) in self._pending:
+            return None
+        return self.cache.located(self.bucket, info)
+
     def _write_behind(self, info: ObjectInfo, data: bytes) -> None:
         if self._writer is None:
             with self._writer_lock:

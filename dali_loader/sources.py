@@ -34,6 +34,8 @@ class Listing:
         read: Reads one full path or URL (as built by `join`) to bytes.
         join: Joins `root` and name parts into a full path or URL.
         remote: The remote source object, for URLs (else None).
+        locate: For URLs: a path's `(cache file, payload offset)` when this
+            process already verified it, else None.
     """
 
     root: str
@@ -42,6 +44,7 @@ class Listing:
     read: Callable[[str], bytes]
     join: Callable[..., str]
     remote: object | None = None
+    locate: Callable[[str], tuple[str, int] | None] | None = None
 
 
 NETWORK_FS = ("fuse", "nfs", "cifs", "smb", "9p", "ceph", "lustre", "gpfs", "beegfs")
@@ -109,7 +112,10 @@ def list_source(
         def read(url: str) -> bytes:
             return remote.fetch(by_url[url])
 
-        return Listing(remote.url, rel_files, subdirs, read, posixpath.join, remote)
+        def locate(url: str) -> tuple[str, int] | None:
+            return remote.locate(by_url[url])
+
+        return Listing(remote.url, rel_files, subdirs, read, posixpath.join, remote, locate)
 
     if directory.startswith("file://"):
         directory = directory[len("file://") :]

@@ -48,6 +48,7 @@ def make_loader(listing: Listing, index, spec, *, batch_size: int, shuffle: bool
         index, spec, batch_size=batch_size, shuffle=shuffle, seed=seed,
         read_fn=listing.read, device=device, num_threads=num_threads, on_error=on_error,
         max_in_flight=max_in_flight, decode=use_dali, read=not tf_reads,
+        locate_fn=listing.locate,
     )
 
 
@@ -63,6 +64,31 @@ def _tiny_png() -> bytes:
 
 
 END_MARKER = _tiny_png()
+
+
+def _as_string_and_offset(item) -> tuple[bytes, int]:
+    """A loader item as (string, offset): a file to read from `offset` on
+    (a local path: 0; a cache entry: its payload offset), or bytes (-1)."""
+    if isinstance(item, str):
+        return item.encode(), 0
+    if isinstance(item, tuple):
+        return item[0].encode(), int(item[1])
+    return item, -1
+
+
+def read_item(tf, data, offset):
+    """Bytes of an item: `data` itself (offset < 0), or the file it names from
+    `offset` on, read by TF (no Python copy)."""
+    def from_file():
+        content = tf.io.read_file(data)
+        start = tf.cast(offset, tf.int32)
+        return tf.cond(
+            start > 0,
+            lambda: tf.strings.substr(content, start, tf.strings.length(content) - start),
+            lambda: content,
+        )
+
+    return tf.cond(offset >= 0, from_file, lambda: data)
 
 
 class DecodeAuditor:
@@ -89,14 +115,17 @@ class DecodeAuditor:
         self.emitted.clear()
         self.error = None
         try:
-            for data, labels, positions in self.loader:
+            for items, labels, positions in self.loader:
                 self.emitted.extend(positions)
-                labels = np.zeros(len(data), np.int32) if labels is None else labels
-                yield data, labels, np.asarray(positions, np.int64)
+                labels = np.zeros(len(items), np.int32) if labels is None else labels
+                data, offsets = zip(*map(_as_string_and_offset, items))
+                yield (list(data), np.asarray(offsets, np.int64), labels,
+                       np.asarray(positions, np.int64))
         except CorruptImageError as e:
             self.error = e
         self.emitted.append(-1)
-        yield [END_MARKER], np.zeros(1, np.int32), np.asarray([-1], np.int64)
+        yield ([END_MARKER], np.asarray([-1], np.int64), np.zeros(1, np.int32),
+               np.asarray([-1], np.int64))
 
     def check(self, positions) -> bool:
         """Reports every emitted position missing before each survivor."""
@@ -181,16 +210,12 @@ def to_tf_dataset(loader: BatchLoader, batch_size, label_mode, num_classes, know
             ds = ds.unbatch()
     else:  # the loader reads; TF's kernels decode, as in Keras
         auditor = DecodeAuditor(loader)
-        sig = (tf.TensorSpec((None,), tf.string), label_sig, tf.TensorSpec((None,), tf.int64))
+        vec = tf.TensorSpec((None,), tf.int64)
+        sig = (tf.TensorSpec((None,), tf.string), vec, label_sig, vec)
         ds = tf.data.Dataset.from_generator(auditor.epoch, output_signature=sig)
-        def read(data, pos):  # bytes from the loader, or a path for TF to read
-            if loader.read:
-                return data
-            # The end-of-epoch marker (pos -1) comes as bytes, not a path.
-            return tf.cond(pos >= 0, lambda: tf.io.read_file(data), lambda: data)
-
         ds = ds.unbatch().map(
-            lambda data, y, pos: (decode_like_keras(read(data, pos), spec, tf), y, pos),
+            lambda data, off, y, pos: (decode_like_keras(read_item(tf, data, off), spec, tf),
+                                       y, pos),
             # One decode per core from the first batch on: AUTOTUNE ramps up
             # over a few batches, which short epochs feel.
             num_parallel_calls=default_num_threads(),
