@@ -12,7 +12,7 @@ generation) is a different entry. Each file starts with a JSON header (bucket, n
 generation, size, checksums); a hit is trusted only when the header matches the
 listing and the payload has the expected size and checksum. Writes go to a temp file
 and are ``os.replace``d into place, so a killed writer never leaves a partial file
-under an object's name. No fsync by default: every hit is verified against the
+under an object's name. No fsync by default: a process verifies each entry before first use against the
 checksum, so even a file torn by a power loss is detected and fetched again. Least-recently-used order is the file mtime, refreshed
 on every hit; eviction trims to a low watermark under the lock.
 """
