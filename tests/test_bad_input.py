@@ -7,7 +7,6 @@ import shutil
 import struct
 import zlib
 
-import numpy as np
 import pytest
 
 keras = pytest.importorskip("keras")
