@@ -152,10 +152,9 @@ class BatchLoader:
         self._active: object | None = None
         self.epoch = 0
         self.pipeline_builds = 0
-        # Per epoch: set-up before the first pipeline run (order, read-ahead,
-        # pipeline (re)build), and time to the first batch.
+        # Per epoch: set-up before the first batch is asked for (order,
+        # read-ahead start, DALI pipeline (re)build when needed).
         self.epoch_setup_seconds: list[float] = []
-        self.epoch_start_seconds: list[float] = []
 
     # -- sizes ---------------------------------------------------------------
     @property
@@ -266,7 +265,6 @@ class BatchLoader:
         self._ensure_pipeline()
         self._pipe_clean = False  # until the epoch runs to its end
         self.epoch_setup_seconds.append(time.perf_counter() - t0)
-        first = True
         try:
             while self._active is token:
                 try:
@@ -283,9 +281,6 @@ class BatchLoader:
                 labels = None
                 if self.index.labels is not None:
                     labels = self.index.labels[batch.positions]
-                if first:
-                    self.epoch_start_seconds.append(time.perf_counter() - t0)
-                    first = False
                 yield images, labels
             else:
                 return  # abandoned: a newer epoch owns the pipeline now
