@@ -168,3 +168,15 @@ def test_approximate_interpolations_stay_within_documented_bounds(photo_tree, in
     diff = np.abs(np.concatenate(gx).astype(np.float64) - np.concatenate(rx)).mean()
     assert diff < APPROXIMATE[interp], diff
     print(f"{interp}: mean abs difference {diff:.3f}")
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(labels=None),
+                                dict(validation_split=0.3, subset="both", seed=1),
+                                dict(validation_split=0.3, subset="training", seed=1,
+                                     verbose=False)], ids=str)
+def test_printed_messages_match_keras(messy_tree, capsys, kw):
+    keras.utils.image_dataset_from_directory(str(messy_tree), **kw)
+    ref = capsys.readouterr().out
+    ours(str(messy_tree), **kw)
+    assert capsys.readouterr().out == ref
+    assert ref  # Keras prints "Found ..." / "Using ..." lines
