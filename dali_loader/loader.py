@@ -143,6 +143,7 @@ class BatchLoader:
         self.read = read or decode
         self._locate_fn = None if decode else locate_fn
         self.skipped: dict[str, str] = {}
+        self._skipped_pos: set[int] = set()  # the same files, as index positions
         self._read_fn = read_fn or read_local
         window = max(read_ahead or 2 * batch_size, max_in_flight)
         self._reader = ReadAhead(self._read_one, max_in_flight, window)
@@ -197,7 +198,7 @@ class BatchLoader:
         batch = _Batch()
         for pos, item in stream:
             if isinstance(item, Exception):
-                self._bad(self.index.paths[pos], item)
+                self._bad(pos, item)
                 continue
             batch.positions.append(pos)
             batch.paths.append(self.index.paths[pos])
@@ -209,15 +210,17 @@ class BatchLoader:
     def report_bad(self, pos: int, reason: str) -> None:
         """A file a caller's own decoder rejected: raise or skip, as configured."""
         path = self.index.paths[pos]
-        self._bad(path, CorruptImageError(path, reason))
+        self._bad(pos, CorruptImageError(path, reason))
 
-    def _bad(self, path: str, err: Exception) -> None:
+    def _bad(self, pos: int, err: Exception) -> None:
         if self.on_error == "raise":
             raise err
+        path = self.index.paths[pos]
         reason = getattr(err, "reason", str(err))
         if path not in self.skipped:
             logger.warning("Skipping %s: %s", path, reason)
         self.skipped[path] = reason
+        self._skipped_pos.add(pos)
 
     # -- epochs --------------------------------------------------------------
     def epoch_order(self, epoch: int) -> np.ndarray:
@@ -229,10 +232,9 @@ class BatchLoader:
 
     def _order_without_skipped(self, epoch: int) -> np.ndarray:
         order = self.epoch_order(epoch)
-        if not self.skipped:
+        if not self._skipped_pos:
             return order
-        bad = {i for i, p in enumerate(self.index.paths) if p in self.skipped}
-        return np.asarray([i for i in order if i not in bad], dtype=np.int64)
+        return order[~np.isin(order, np.fromiter(self._skipped_pos, np.int64))]
 
     def _ensure_pipeline(self) -> None:
         if self._pipe is not None and self._pipe_clean:
@@ -327,11 +329,13 @@ class BatchLoader:
         """Names the file that killed the pipeline; raises or skips it."""
         suspects = list(self._feed.in_flight)
         culprits: dict[str, str] = {}
+        culprit_pos: dict[str, int] = {}
         for batch in suspects:
-            for path, data in zip(batch.paths, batch.data):
+            for pos, path, data in zip(batch.positions, batch.paths, batch.data):
                 problem = probe_decode(data, self.spec)
                 if problem:
                     culprits[path] = problem
+                    culprit_pos[path] = pos
             if culprits:
                 break
         self._pipe = None
@@ -343,7 +347,7 @@ class BatchLoader:
             path, problem = next(iter(culprits.items()))
             raise CorruptImageError(path, f"the decoder failed ({problem})") from None
         for path, problem in culprits.items():
-            self._bad(path, CorruptImageError(path, problem))
+            self._bad(culprit_pos[path], CorruptImageError(path, problem))
         # Replay every batch DALI had taken, minus the bad files, into a new pipeline.
         self._feed.replay.clear()
         for batch in suspects:

@@ -6,8 +6,9 @@ Two decode paths behind one dataset:
 - TensorFlow's own kernels (the CPU default): on a CPU-only machine DALI's PNG
   decoder is no faster than TF's and its resize costs about twice as much
   (README, "Why TF kernels on the CPU"), so the loader keeps its I/O (index,
-  read-ahead, gs:// cache, byte checks) and TF decodes with the ops of Keras's
-  `_load_image_tf`: bit-identical to Keras, for every option.
+  read-ahead, gs:// cache) and TF decodes with the ops of Keras's
+  `_load_image_tf`: bit-identical to Keras, for every option. Files TF's
+  decoder rejects are dropped by `ignore_errors()` and named by an audit.
 TensorFlow is imported lazily; `dali_loader` stays usable without it.
 """
 
@@ -50,7 +51,6 @@ def make_loader(listing: Listing, index, spec, *, batch_size: int, shuffle: bool
         max_in_flight=max_in_flight, decode=use_dali, read=not tf_reads,
         locate_fn=listing.locate,
     )
-
 
 
 def _tiny_png() -> bytes:
