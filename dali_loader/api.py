@@ -11,6 +11,37 @@ from dali_loader.pipeline import ImageSpec
 from dali_loader.sources import list_source
 
 
+def open_index(
+    source: str,
+    *,
+    labels: str | None = "inferred",
+    class_names: list[str] | None = None,
+    shuffle: bool = True,
+    seed: int = 0,
+    follow_links: bool = False,
+    cache_dir: str | None = None,
+    cache_max_bytes: int | None = None,
+    max_in_flight: int = 64,
+):
+    """Lists `source` once and indexes it with Keras's rules: `(listing, index)`.
+
+    Raises:
+        ValueError: no images under `source`.
+    """
+    listing = list_source(
+        source, follow_links=follow_links, cache_dir=cache_dir,
+        cache_max_bytes=cache_max_bytes, max_in_flight=max_in_flight,
+        labels_inferred=labels == "inferred",
+    )
+    index = build_index(
+        listing.root, listing.rel_files, listing.subdirs, labels=labels,
+        class_names=class_names, shuffle=shuffle, seed=seed, join=listing.join,
+    )
+    if not len(index):
+        raise ValueError(f"No images found in directory {source}.")
+    return listing, index
+
+
 def open_loader(
     source: str,
     *,
@@ -43,28 +74,13 @@ def open_loader(
             '`color_mode` must be one of {"rgb", "rgba", "grayscale"}. '
             f"Received: color_mode={color_mode}"
         )
-    listing = list_source(
-        source,
-        follow_links=follow_links,
-        cache_dir=cache_dir,
-        cache_max_bytes=cache_max_bytes,
-        max_in_flight=max_in_flight,
-        labels_inferred=labels == "inferred",
-    )
     if seed is None:
         seed = int(np.random.randint(1e6))
-    index = build_index(
-        listing.root,
-        listing.rel_files,
-        listing.subdirs,
-        labels=labels,
-        class_names=class_names,
-        shuffle=shuffle,
-        seed=seed,
-        join=listing.join,
+    listing, index = open_index(
+        source, labels=labels, class_names=class_names, shuffle=shuffle, seed=seed,
+        follow_links=follow_links, cache_dir=cache_dir, cache_max_bytes=cache_max_bytes,
+        max_in_flight=max_in_flight,
     )
-    if not len(index):
-        raise ValueError(f"No images found in directory {source}.")
     spec = ImageSpec(
         int(image_size[0]),
         int(image_size[1]),
@@ -107,11 +123,8 @@ def open_dataset(
     """
     from dali_loader.tfdata import make_loader, to_tf_dataset
 
-    listing = list_source(source, cache_dir=cache_dir, max_in_flight=max_in_flight)
-    index = build_index(listing.root, listing.rel_files, listing.subdirs,
-                        shuffle=shuffle, seed=seed, join=listing.join)
-    if not len(index):
-        raise ValueError(f"No images found in directory {source}.")
+    listing, index = open_index(source, shuffle=shuffle, seed=seed, cache_dir=cache_dir,
+                                max_in_flight=max_in_flight)
     spec = ImageSpec(int(image_size[0]), int(image_size[1]))
     loader = make_loader(listing, index, spec, batch_size=batch_size, shuffle=shuffle,
                          seed=seed, device=resolve_device(device), decoder=decoder,
