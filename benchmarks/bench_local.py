@@ -71,13 +71,13 @@ def decode_pillow(paths: list[str]) -> float:
         return len(blobs) / (time.perf_counter() - t0)
 
 
-def decode_dali(paths: list[str]) -> float:
+def decode_dali(paths: list[str], num_threads: int = CORES) -> float:
     """images/s of DALI's CPU decoder (readers.file + decoders.image, no resize)."""
     from nvidia.dali import fn, pipeline_def, types
 
     bs = 128
 
-    @pipeline_def(batch_size=bs, num_threads=CORES, device_id=None, prefetch_queue_depth=2)
+    @pipeline_def(batch_size=bs, num_threads=num_threads, device_id=None, prefetch_queue_depth=2)
     def pipe():
         enc, _ = fn.readers.file(files=paths, name="r", pad_last_batch=True)
         return fn.decoders.image(enc, device="cpu", output_type=types.RGB)

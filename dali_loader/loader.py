@@ -86,7 +86,8 @@ class BatchLoader:
         seed: Seed of the per-epoch permutations.
         read_fn: Reads one path to bytes (thread-safe); local files by default.
         device: "cpu" or "gpu".
-        num_threads: DALI CPU threads (default: available cores).
+        num_threads: Decode threads: DALI CPU threads, or the parallel TF decodes
+            of `tfdata.to_tf_dataset` (default: available cores).
         on_error: "raise" or "skip" for files that cannot be read or decoded.
         max_in_flight: Reads in flight (threads of the read-ahead pool).
         read_ahead: Files read ahead of the decoder (default 2 batches, at
@@ -101,6 +102,10 @@ class BatchLoader:
             offset)` when its bytes already sit verified in a local cache; such
             items are yielded as that tuple instead of bytes, for the caller to
             read itself (a warm gs:// epoch then copies nothing through Python).
+        chunk_size: With `decode=False`: files per yielded chunk (default
+            `batch_size`). A caller that batches again after decoding (tf.data)
+            can take smaller chunks and start decoding as soon as the first few
+            files arrive, not the first whole batch.
     """
 
     def __init__(
@@ -120,6 +125,7 @@ class BatchLoader:
         decode: bool = True,
         read: bool = True,
         locate_fn: Callable[[str], tuple[str, int] | None] | None = None,
+        chunk_size: int | None = None,
     ):
         if on_error not in ON_ERROR:
             raise ValueError(
@@ -131,9 +137,14 @@ class BatchLoader:
             raise ValueError(
                 f"`batch_size` must be a positive integer. Received: batch_size={batch_size}"
             )
+        if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
+            raise ValueError(
+                f"`chunk_size` must be a positive integer or None. Received: chunk_size={chunk_size}"
+            )
         self.index = index
         self.spec = spec
         self.batch_size = batch_size
+        self.chunk_size = chunk_size or batch_size
         self.shuffle = shuffle
         self.seed = int(np.random.randint(1e6)) if seed is None else int(seed)
         self.device = device
@@ -191,8 +202,9 @@ class BatchLoader:
         except OSError as e:
             return pos, CorruptImageError(path, f"read failed ({e})")
 
-    def _next_batch(self, stream: Iterator[Any] | None) -> _Batch | None:
-        """Collects up to batch_size good files from the epoch's stream."""
+    def _next_batch(self, stream: Iterator[Any] | None, size: int | None = None) -> _Batch | None:
+        """Collects up to `size` (default batch_size) good files from the epoch's stream."""
+        size = size or self.batch_size
         if stream is None:
             return None
         batch = _Batch()
@@ -203,7 +215,7 @@ class BatchLoader:
             batch.positions.append(pos)
             batch.paths.append(self.index.paths[pos])
             batch.data.append(item)
-            if len(batch.positions) == self.batch_size:
+            if len(batch.positions) == size:
                 break
         return batch if batch.positions else None
 
@@ -303,13 +315,13 @@ class BatchLoader:
         self.epoch_setup_seconds.append(time.perf_counter() - t0)
         if not self.read:  # the caller reads the files itself
             paths, labels = self.index.paths, self.index.labels
-            for i in range(0, len(order), self.batch_size):
-                pos = order[i : i + self.batch_size]
+            for i in range(0, len(order), self.chunk_size):
+                pos = order[i : i + self.chunk_size]
                 yield [paths[p] for p in pos], None if labels is None else labels[pos], pos
             return
         stream = self._reader.map(order)
         try:
-            while (batch := self._next_batch(stream)) is not None:
+            while (batch := self._next_batch(stream, self.chunk_size)) is not None:
                 labels = None
                 if self.index.labels is not None:
                     labels = self.index.labels[batch.positions]

@@ -23,7 +23,6 @@ import numpy as np
 from dali_loader.loader import BatchLoader
 from dali_loader.pipeline import default_num_threads
 from dali_loader.sources import Listing, on_network_fs
-from dali_loader.validate import CorruptImageError
 
 
 def import_tf():
@@ -35,6 +34,9 @@ def import_tf():
             "tf.data output needs TensorFlow: pip install tensorflow (or run `make install`)."
         ) from e
     return tf
+
+
+TF_CHUNK = 16  # files per generator call on the TF path
 
 
 def make_loader(listing: Listing, index, spec, *, batch_size: int, shuffle: bool, seed: int,
@@ -50,6 +52,9 @@ def make_loader(listing: Listing, index, spec, *, batch_size: int, shuffle: bool
         read_fn=listing.read, device=device, num_threads=num_threads, on_error=on_error,
         max_in_flight=max_in_flight, decode=use_dali, read=not tf_reads,
         locate_fn=listing.locate,
+        # TF batches again after decoding: small chunks let decoding start on
+        # the first files of an epoch instead of waiting for a whole batch.
+        chunk_size=None if use_dali else min(batch_size, TF_CHUNK),
     )
 
 
@@ -109,8 +114,9 @@ class DecodeAuditor:
     def epoch(self):
         """Yields the loader's encoded batches, the last one with the marker.
 
-        A read-stage error (`on_error="raise"`) is held and raised by `check`
-        at the marker: raised here, `ignore_errors()` would swallow it.
+        A read-stage error (`on_error="raise"`), or any other exception of the
+        loader, is held and raised by `check` at the marker: raised here,
+        `ignore_errors()` would swallow it and end the epoch short.
         """
         self.emitted.clear()
         self.error = None
@@ -121,7 +127,7 @@ class DecodeAuditor:
                 data, offsets = zip(*map(_as_string_and_offset, items))
                 yield (list(data), np.asarray(offsets, np.int64), labels,
                        np.asarray(positions, np.int64))
-        except CorruptImageError as e:
+        except Exception as e:  # noqa: BLE001 - re-raised by check()
             self.error = e
         self.emitted.append(-1)
         yield ([END_MARKER], np.asarray([-1], np.int64), np.zeros(1, np.int32),
@@ -216,9 +222,9 @@ def to_tf_dataset(loader: BatchLoader, batch_size, label_mode, num_classes, know
         ds = ds.unbatch().map(
             lambda data, off, y, pos: (decode_like_keras(read_item(tf, data, off), spec, tf),
                                        y, pos),
-            # One decode per core from the first batch on: AUTOTUNE ramps up
-            # over a few batches, which short epochs feel.
-            num_parallel_calls=default_num_threads(),
+            # One decode per core (or per `num_threads`) from the first batch
+            # on: AUTOTUNE ramps up over a few batches, which short epochs feel.
+            num_parallel_calls=loader.num_threads or default_num_threads(),
         ).ignore_errors()
 
         def audit(x, y, pos):

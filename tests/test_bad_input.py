@@ -182,3 +182,25 @@ def test_skip_mode_keeps_every_good_file_once_and_reports_every_bad_one(
     reported = {r.getMessage().split(": ")[0].removeprefix("Skipping ") for r in caplog.records}
     assert reported == set(bad)
     assert int(ds.cardinality()) == tf.data.UNKNOWN_CARDINALITY
+
+
+@pytest.mark.parametrize("on_error", ["raise", "skip"])
+def test_unexpected_loader_error_is_raised_not_an_epoch_cut_short(id_tree, on_error):
+    """TF's decode runs under ignore_errors(): any other error of the loader must
+    still reach the caller, not end the epoch early without a word."""
+    ds = ours(str(id_tree), label_mode=None, image_size=(8, 8), batch_size=5, seed=1,
+              decoder="tf", on_error=on_error)
+    loader = ds._dali_loader
+    real_order = loader.epoch_order
+
+    def broken_order(epoch):
+        if epoch == 1:
+            raise RuntimeError("boom: the index went away")
+        return real_order(epoch)
+
+    loader.epoch_order = broken_order
+    assert sum(int(b.shape[0]) for b in ds) == 23  # epoch 0 is whole
+    with pytest.raises(Exception, match="boom: the index went away"):
+        for _ in ds:
+            pass
+    assert sum(int(b.shape[0]) for b in ds) == 23  # and the next epoch is whole again

@@ -123,3 +123,24 @@ def test_batches_stay_valid_after_later_batches(id_tree):
     for h, c in zip(held, copies):
         np.testing.assert_array_equal(h, c)
     assert [int(round(v / 10)) for h in held for v in h[:, 0, 0, 0]] == list(range(0, 23, 2)) + list(range(1, 23, 2))
+
+
+def _decode_parallelism(ds) -> list[int]:
+    """`num_parallel_calls` of every parallel map in the dataset's chain."""
+    found = []
+    while ds is not None:
+        calls = getattr(ds, "_num_parallel_calls", None)
+        if calls is not None:
+            found.append(int(calls))
+        ds = getattr(ds, "_input_dataset", None)
+    return found
+
+
+@pytest.mark.parametrize("num_threads", [None, 1, 3])
+def test_num_threads_sets_tf_decode_parallelism(id_tree, num_threads):
+    import os
+
+    ds = ours(str(id_tree), label_mode=None, image_size=(8, 8), batch_size=5, seed=4,
+              decoder="tf", num_threads=num_threads)
+    assert _decode_parallelism(ds) == [num_threads or len(os.sched_getaffinity(0))]
+    assert sorted(i for b in ds for i in ids_of(b)) == list(range(23))

@@ -172,7 +172,8 @@ def image_dataset_from_directory(
 
     Args:
         device: None (GPU when both TF and DALI see one, else CPU), "cpu" or "gpu".
-        num_threads: DALI CPU threads (default: cores available).
+        num_threads: Decode threads: DALI's CPU threads, or TensorFlow's
+            parallel decodes on the CPU path (default: cores available).
         on_error: "raise" (an exception naming the file) or "skip" (leave bad
             files out, log each; the dataset's cardinality is then unknown).
         max_in_flight: Reads in flight (remote requests or local file reads).
