@@ -144,3 +144,32 @@ def test_num_threads_sets_tf_decode_parallelism(id_tree, num_threads):
               decoder="tf", num_threads=num_threads)
     assert _decode_parallelism(ds) == [num_threads or len(os.sched_getaffinity(0))]
     assert sorted(i for b in ds for i in ids_of(b)) == list(range(23))
+
+
+@pytest.mark.parametrize("read", [True, False])
+def test_encoded_epochs_come_in_chunks(id_tree, read):
+    """decode=False yields `chunk_size` files at a time (the TF path takes 16 so decoding
+    starts on the first files), every file once, labels aligned with positions."""
+    from dali_loader.index import build_index
+    from dali_loader.loader import BatchLoader
+    from dali_loader.pipeline import ImageSpec
+    from dali_loader.sources import list_source
+
+    listing = list_source(str(id_tree))
+    idx = build_index(listing.root, listing.rel_files, listing.subdirs, shuffle=False)
+    loader = BatchLoader(idx, ImageSpec(8, 8), batch_size=10, decode=False, read=read,
+                         chunk_size=4, shuffle=True, seed=3)
+    chunks = list(loader)
+    assert [len(items) for items, _, _ in chunks] == [4] * 5 + [3]
+    positions = [p for _, _, pos in chunks for p in pos]
+    assert sorted(positions) == list(range(23))
+    for items, labels, pos in chunks:
+        assert list(labels) == [idx.labels[p] for p in pos]
+        if read:
+            assert all(isinstance(x, bytes) and x[:4] == b"\x89PNG" for x in items)
+        else:
+            assert list(items) == [idx.paths[p] for p in pos]
+    with pytest.raises(ValueError, match="chunk_size=0"):
+        BatchLoader(idx, ImageSpec(8, 8), batch_size=10, decode=False, chunk_size=0)
+    tf_path = ours(str(id_tree), image_size=(8, 8), batch_size=64, decoder="tf")
+    assert tf_path._dali_loader.chunk_size == 16
