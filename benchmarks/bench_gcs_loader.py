@@ -76,15 +76,12 @@ print(json.dumps({"objects": len(listing.rel_files), "indexed": len(index), "bas
 """
 
 
-DECODE_THREADS = {"num_threads": None}  # set from --decode-threads
-
-
 def loader_dataset(source: str, **kw):
     """``tf_adapter.image_dataset_from_directory`` at the benchmark's size and batch."""
     from tf_adapter import image_dataset_from_directory
 
     return image_dataset_from_directory(source, batch_size=BATCH, image_size=SIZE, shuffle=True, seed=1,
-                                        verbose=False, **DECODE_THREADS, **kw)
+                                        verbose=False, **kw)
 
 
 def epoch_rate(name: str, ds) -> float:
@@ -92,8 +89,9 @@ def epoch_rate(name: str, ds) -> float:
     return timed_epoch(name, ds, 0.0).img_s
 
 
-def cold_run(url: str, cache_dir: str, max_in_flight: int, server_pid: int) -> dict:
-    """Builds the gs:// dataset on an empty cache and runs its first epoch.
+def cold_run(url: str, cache_dir: str, server_pid: int, **kw) -> dict:
+    """Builds the gs:// dataset on an empty cache (``kw``: more ``loader_dataset`` arguments)
+    and runs its first epoch.
 
     Returns:
         ``listing_s`` (dataset construction: listing + index), ``rate`` (images/s over the whole
@@ -102,7 +100,7 @@ def cold_run(url: str, cache_dir: str, max_in_flight: int, server_pid: int) -> d
         ``server_cpu_ms`` (CPU per image of this process and of the fake server during the epoch).
     """
     t0 = time.perf_counter()
-    ds = loader_dataset(url, cache_dir=cache_dir, max_in_flight=max_in_flight)
+    ds = loader_dataset(url, cache_dir=cache_dir, **kw)
     listing_s = time.perf_counter() - t0
     srv0 = cpu_seconds(server_pid)
     stats = timed_epoch("loader cold", ds, 0.0)
@@ -144,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.decode_threads < 1:
         p.error(f"--decode-threads must be >= 1. Received: {args.decode_threads}")
-    DECODE_THREADS["num_threads"] = args.decode_threads
+    loader_kw = {"max_in_flight": args.max_in_flight, "num_threads": args.decode_threads}
 
     t_start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="bench_gcs_loader.") as tmp:
@@ -172,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
                 if seed_ds is not None:
                     seeds.append(epoch_rate("seed", seed_ds))
                     print(f"seed over gs:// run {i + 1}: {seeds[-1]:.1f} images/s")
-                c = cold_run(url, os.path.join(tmp, f"cold{i}"), args.max_in_flight, server_pid)
+                c = cold_run(url, os.path.join(tmp, f"cold{i}"), server_pid, **loader_kw)
                 colds.append(c)
                 print(f"loader cold run {i + 1}: {c['rate']:.1f} images/s ({c['rate_after_build']:.1f} without "
                       f"the {c['build_s']:.2f} s pipeline build; listing {c['listing_s']:.2f} s; CPU per image "
@@ -184,8 +182,8 @@ def main(argv: list[str] | None = None) -> int:
                 res["cold_" + key] = statistics.median(c[key] for c in colds)
             res["cold"] = res["cold_rate"]
 
-            remote = loader_dataset(url, cache_dir=os.path.join(tmp, "warm"), max_in_flight=args.max_in_flight)
-            local_ds = loader_dataset(local, max_in_flight=args.max_in_flight)
+            remote = loader_dataset(url, cache_dir=os.path.join(tmp, "warm"), **loader_kw)
+            local_ds = loader_dataset(local, **loader_kw)
             # Untimed: the cold epoch that fills the cache, one warm epoch (it also waits out the
             # first epoch's queued cache writes) and one local epoch (page cache, pipeline build).
             for name, ds in (("fill the cache", remote), ("warm up", remote), ("warm up local", local_ds)):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -138,8 +139,6 @@ def _decode_parallelism(ds) -> list[int]:
 
 @pytest.mark.parametrize("num_threads", [None, 1, 3])
 def test_num_threads_sets_tf_decode_parallelism(id_tree, num_threads):
-    import os
-
     ds = ours(str(id_tree), label_mode=None, image_size=(8, 8), batch_size=5, seed=4,
               decoder="tf", num_threads=num_threads)
     assert _decode_parallelism(ds) == [num_threads or len(os.sched_getaffinity(0))]
