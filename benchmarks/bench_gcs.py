@@ -108,12 +108,20 @@ def listing_rss(n: int, tmp: str) -> dict:
     """Peak RSS of a fresh process around list_objects() of an ``n``-object listing."""
     with fake_server("--synthetic", str(n)) as (url, _):
         env = dict(os.environ, STORAGE_EMULATOR_HOST=url, PYTHONPATH=REPO)
-        start = time.perf_counter()
-        out = subprocess.run([sys.executable, "-c", _RSS_CHILD, os.path.join(tmp, "rss-cache")], env=env,
-                             capture_output=True, text=True, check=True, timeout=600)
-        res = json.loads(out.stdout.strip().splitlines()[-1])
-        res["seconds"] = time.perf_counter() - start
-        return res
+        return run_json_child(_RSS_CHILD, [os.path.join(tmp, "rss-cache")], env)
+
+
+def run_json_child(code: str, args: list[str], env: dict) -> dict:
+    """Runs ``python -c code *args`` in a fresh process; the JSON of its last stdout
+    line, plus ``seconds`` (wall time of the whole child)."""
+    start = time.perf_counter()
+    out = subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True, check=False,
+                         text=True, timeout=600)
+    if out.returncode:
+        raise RuntimeError(f"Child process failed:\n{out.stderr[-2000:]}")
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    res["seconds"] = time.perf_counter() - start
+    return res
 
 
 def main(argv: list[str] | None = None) -> int:

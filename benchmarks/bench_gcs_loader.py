@@ -34,7 +34,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -44,7 +43,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path[:0] = [REPO, HERE]
 
-from bench_gcs import cpu_seconds, fake_server  # noqa: E402
+from bench_gcs import cpu_seconds, fake_server, run_json_child  # noqa: E402
 from bench_local import decode_dali  # noqa: E402
 
 from dali_loader.baselines import list_pngs, seed_pipeline  # noqa: E402
@@ -115,14 +114,7 @@ def cold_run(url: str, cache_dir: str, server_pid: int, **kw) -> dict:
 
 def listing_rss(env: dict, cache_dir: str) -> dict:
     """RSS of a fresh process around listing + indexing ``gs://b/synthetic``."""
-    t0 = time.perf_counter()
-    out = subprocess.run([sys.executable, "-c", _RSS_CHILD, cache_dir], env=env, capture_output=True,
-                         text=True, timeout=600)
-    if out.returncode:
-        raise RuntimeError(f"RSS child failed:\n{out.stderr[-2000:]}")
-    res = json.loads(out.stdout.strip().splitlines()[-1])
-    res["seconds"] = time.perf_counter() - t0
-    return res
+    return run_json_child(_RSS_CHILD, [cache_dir], env)
 
 
 def main(argv: list[str] | None = None) -> int:
