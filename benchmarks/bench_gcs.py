@@ -27,17 +27,17 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from dali_loader.fakegcs import write_random_tree  # noqa: E402
-from dali_loader.remote import open_remote  # noqa: E402
+from dali_loader.testing.fakegcs import write_random_tree  # noqa: E402
+from dali_loader.storage.remote import open_remote  # noqa: E402
 
 log = logging.getLogger("bench_gcs")
 
 
 @contextlib.contextmanager
 def fake_server(*args: str):
-    """Start ``python -m dali_loader.fakegcs ARGS``; yields (endpoint, pid)."""
+    """Start ``python -m dali_loader.testing.fakegcs ARGS``; yields (endpoint, pid)."""
     env = dict(os.environ, PYTHONPATH=REPO)
-    proc = subprocess.Popen([sys.executable, "-m", "dali_loader.fakegcs", *args], env=env, cwd=REPO,
+    proc = subprocess.Popen([sys.executable, "-m", "dali_loader.testing.fakegcs", *args], env=env, cwd=REPO,
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         line = proc.stdout.readline()
@@ -94,7 +94,7 @@ def read_local(path: str) -> bytes:
 
 _RSS_CHILD = r"""
 import json, sys
-from dali_loader.remote import open_remote
+from dali_loader.storage.remote import open_remote
 def kib(field):  # VmRSS: now; VmHWM: peak of this process image (ru_maxrss survives exec)
     return int(open("/proc/self/status").read().split(field + ":")[1].split()[0])
 src = open_remote("gs://b/synthetic", cache_dir=sys.argv[1])

@@ -2,8 +2,8 @@
 
     .venv/bin/python benchmarks/bench_gcs_loader.py --num-images 384 --latency 0.05 --max-in-flight 64 --rounds 5
 
-Photo-like 500x375 PNGs (``dali_loader.sample``) are served as ``gs://b/data`` by the loopback fake
-GCS server (``python -m dali_loader.fakegcs``, its own process, ``--latency`` seconds slept before
+Photo-like 500x375 PNGs (``dali_loader.tools.sample``) are served as ``gs://b/data`` by the loopback fake
+GCS server (``python -m dali_loader.testing.fakegcs``, its own process, ``--latency`` seconds slept before
 every request). Every timed pipeline runs in this one process, at 244x244 and batch 128:
 
 * ``seed``: the question's pipeline (``baselines.seed_pipeline``, all images, no split) over gs://:
@@ -25,7 +25,7 @@ that decoding does not use, as on a machine whose CPUs idle while the GPU waits.
 
 The bound of the first epoch is min(decode-only rate, max_in_flight / latency). Last, a fresh
 child process lists ``--listing`` synthetic objects (``gs://b/synthetic``) and builds the loader's
-index (``sources.list_source`` + ``index.build_index``, no decode) and reports its RSS growth.
+index (``storage.source.open_source`` + ``index.build_index``, no decode) and reports its RSS growth.
 """
 
 from __future__ import annotations
@@ -46,9 +46,9 @@ sys.path[:0] = [REPO, HERE]
 from bench_gcs import cpu_seconds, fake_server, run_json_child  # noqa: E402
 from bench_local import decode_dali  # noqa: E402
 
-from dali_loader.baselines import list_pngs, seed_pipeline  # noqa: E402
-from dali_loader.bench import timed_epoch  # noqa: E402
-from dali_loader.sample import make_sample_dataset  # noqa: E402
+from dali_loader.tools.baselines import list_pngs, seed_pipeline  # noqa: E402
+from dali_loader.tools.bench import timed_epoch  # noqa: E402
+from dali_loader.tools.sample import make_sample_dataset  # noqa: E402
 
 CORES = os.cpu_count() or 1
 BATCH = 128
@@ -58,16 +58,16 @@ _RSS_CHILD = r"""
 import gc, json, sys
 import google.cloud.storage  # imports and first client outside the measured span
 from dali_loader.index import build_index
-from dali_loader.sources import list_source
+from dali_loader.storage.source import open_source
 
 def kib(field):  # VmRSS: now; VmHWM: peak of this process
     return int(open("/proc/self/status").read().split(field + ":")[1].split()[0])
 
 cache = sys.argv[1]
-list_source("gs://b/data", cache_dir=cache).remote.close()  # warm the code paths on a small listing
+open_source("gs://b/data", cache_dir=cache).close()  # warm the code paths on a small listing
 gc.collect()
 base = kib("VmRSS")
-listing = list_source("gs://b/synthetic", cache_dir=cache)
+listing = open_source("gs://b/synthetic", cache_dir=cache)
 index = build_index(listing.root, listing.rel_files, listing.subdirs, shuffle=True, seed=1, join=listing.join)
 gc.collect()
 print(json.dumps({"objects": len(listing.rel_files), "indexed": len(index), "base_kib": base,

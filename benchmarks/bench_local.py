@@ -31,9 +31,9 @@ from concurrent.futures import ThreadPoolExecutor
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from dali_loader.baselines import list_pngs, seed_pipeline  # noqa: E402
-from dali_loader.bench import timed_epoch  # noqa: E402
-from dali_loader.sample import make_sample_dataset  # noqa: E402
+from dali_loader.tools.baselines import list_pngs, seed_pipeline  # noqa: E402
+from dali_loader.tools.bench import timed_epoch  # noqa: E402
+from dali_loader.tools.sample import make_sample_dataset  # noqa: E402
 
 CORES = os.cpu_count() or 1
 

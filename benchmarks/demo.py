@@ -30,9 +30,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from dali_loader.bench import results_markdown, run_bench, write_results  # noqa: E402
-from dali_loader.diagnose import format_report, run_diagnose, to_json  # noqa: E402
-from dali_loader.sample import make_sample_dataset  # noqa: E402
+from dali_loader.tools.bench import results_markdown, run_bench, write_results  # noqa: E402
+from dali_loader.tools.diagnose import format_report, run_diagnose, to_json  # noqa: E402
+from dali_loader.tools.sample import make_sample_dataset  # noqa: E402
 
 
 def _banner(text: str) -> None:
@@ -40,9 +40,9 @@ def _banner(text: str) -> None:
 
 
 def start_fake_gcs(root: str, latency: float) -> tuple[subprocess.Popen, str]:
-    """Starts `python -m dali_loader.fakegcs` serving ``root`` as gs://b/data; returns its URL."""
+    """Starts `python -m dali_loader.testing.fakegcs` serving ``root`` as gs://b/data; returns its URL."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "dali_loader.fakegcs", "--root", root, "--bucket", "b",
+        [sys.executable, "-m", "dali_loader.testing.fakegcs", "--root", root, "--bucket", "b",
          "--prefix", "data", "--latency", str(latency)],
         cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     line = proc.stdout.readline().strip()
@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         print(results_markdown(res))
 
         _banner(f"5. train a small CNN for ~{args.train_seconds:.0f} s with each pipeline")
-        from dali_loader.baselines import seed_pipeline
+        from dali_loader.tools.baselines import seed_pipeline
         from tf_adapter import image_dataset_from_directory
 
         rows = []

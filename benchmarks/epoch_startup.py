@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--num-images", type=int, default=256)
     args = ap.parse_args(argv)
 
-    from dali_loader.sample import make_sample_dataset
+    from dali_loader.tools.sample import make_sample_dataset
     from tf_adapter import image_dataset_from_directory
 
     with tempfile.TemporaryDirectory(prefix="dali-epochs-") as tmp:

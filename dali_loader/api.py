@@ -1,20 +1,23 @@
-"""The TF-free entry point: a folder, FUSE path or URL in, a `BatchLoader` out."""
+"""The TF-free entry points: a folder, FUSE path or URL in; a loader or a dataset out."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from dali_loader.devices import resolve_device
-from dali_loader.index import build_index
-from dali_loader.loader import BatchLoader
-from dali_loader.pipeline import ImageSpec
-from dali_loader.sources import list_source
+from dali_loader.args import positive_int
+from dali_loader.decode.dali_batches import DaliBatches
+from dali_loader.decode.devices import resolve_device
+from dali_loader.decode.spec import ImageSpec, channels_for
+from dali_loader.feed.epochs import Feed
+from dali_loader.feed.items import CheckedBytes
+from dali_loader.index import Index, build_index
+from dali_loader.storage.source import Source, open_source
 
 
 def open_index(
     source: str,
     *,
-    labels: str | None = "inferred",
+    labels="inferred",
     class_names: list[str] | None = None,
     shuffle: bool = True,
     seed: int = 0,
@@ -22,24 +25,29 @@ def open_index(
     cache_dir: str | None = None,
     cache_max_bytes: int | None = None,
     max_in_flight: int = 64,
-):
-    """Lists `source` once and indexes it with Keras's rules: `(listing, index)`.
+    require_files: bool = True,
+) -> tuple[Source, Index]:
+    """Lists `source` once and indexes it with Keras's rules: `(Source, Index)`.
 
     Raises:
-        ValueError: no images under `source`.
+        ValueError: no images under `source` (with `require_files`).
     """
-    listing = list_source(
+    src = open_source(
         source, follow_links=follow_links, cache_dir=cache_dir,
         cache_max_bytes=cache_max_bytes, max_in_flight=max_in_flight,
         labels_inferred=labels == "inferred",
     )
-    index = build_index(
-        listing.root, listing.rel_files, listing.subdirs, labels=labels,
-        class_names=class_names, shuffle=shuffle, seed=seed, join=listing.join,
-    )
-    if not len(index):
-        raise ValueError(f"No images found in directory {source}.")
-    return listing, index
+    try:
+        index = build_index(
+            src.root, src.rel_files, src.subdirs, labels=labels, class_names=class_names,
+            shuffle=shuffle, seed=seed, join=src.join,
+        )
+        if require_files and not len(index):
+            raise ValueError(f"No images found in directory {source}.")
+    except BaseException:
+        src.close()
+        raise
+    return src, index
 
 
 def open_loader(
@@ -53,7 +61,7 @@ def open_loader(
     pad_to_aspect_ratio: bool = False,
     shuffle: bool = True,
     seed: int | None = None,
-    labels: str | None = "inferred",
+    labels="inferred",
     class_names: list[str] | None = None,
     follow_links: bool = False,
     device: str | None = None,
@@ -62,45 +70,28 @@ def open_loader(
     max_in_flight: int = 64,
     cache_dir: str | None = None,
     cache_max_bytes: int | None = None,
-) -> BatchLoader:
-    """Lists `source` (folder, FUSE path or URL) and returns its `BatchLoader`.
+) -> DaliBatches:
+    """Lists `source` (folder, FUSE path or URL) and returns its `DaliBatches`:
+    each `iter()` is one epoch of `(images, labels)` numpy batches, decoded by DALI.
 
     The TF-free entry point; `tf_adapter.image_dataset_from_directory` is the
     Keras-exact one (argument checks, splits, label modes, tf.data output).
     """
-    channels = {"rgb": 3, "rgba": 4, "grayscale": 1}.get(color_mode)
-    if channels is None:
-        raise ValueError(
-            '`color_mode` must be one of {"rgb", "rgba", "grayscale"}. '
-            f"Received: color_mode={color_mode}"
-        )
+    channels = channels_for(color_mode)
+    positive_int("batch_size", batch_size)
     if seed is None:
         seed = int(np.random.randint(1e6))
-    listing, index = open_index(
+    src, index = open_index(
         source, labels=labels, class_names=class_names, shuffle=shuffle, seed=seed,
         follow_links=follow_links, cache_dir=cache_dir, cache_max_bytes=cache_max_bytes,
         max_in_flight=max_in_flight,
     )
-    spec = ImageSpec(
-        int(image_size[0]),
-        int(image_size[1]),
-        channels,
-        interpolation,
-        crop_to_aspect_ratio,
-        pad_to_aspect_ratio,
-    )
-    return BatchLoader(
-        index,
-        spec,
-        batch_size=batch_size,
-        shuffle=shuffle,
-        seed=seed,
-        read_fn=listing.read,
-        device=resolve_device(device),
-        num_threads=num_threads,
-        on_error=on_error,
-        max_in_flight=max_in_flight,
-    )
+    spec = ImageSpec(int(image_size[0]), int(image_size[1]), channels, interpolation,
+                     crop_to_aspect_ratio, pad_to_aspect_ratio)
+    feed = Feed(index, CheckedBytes(src, rgba=channels == 4), chunk_size=batch_size,
+                shuffle=shuffle, seed=seed, on_error=on_error, max_in_flight=max_in_flight,
+                source=src)
+    return DaliBatches(feed, spec, device=resolve_device(device), num_threads=num_threads)
 
 
 def open_dataset(
@@ -115,18 +106,18 @@ def open_dataset(
     max_in_flight: int = 64,
     cache_dir: str | None = None,
 ):
-    """The loader as `image_dataset_from_directory` builds it, as a tf.data.Dataset.
+    """The dataset `image_dataset_from_directory` builds, for the tools to time.
 
-    RGB, bilinear, integer labels, no split: what `bench` and `diagnose` time.
-    `device=None` is the CPU unless DALI sees a GPU; the CPU decodes with TF's
-    kernels unless `decoder="dali"` (see `dali_loader.tfdata`).
+    RGB, bilinear, integer labels, no split. `device=None` is the GPU when TF
+    and DALI see one; the CPU decodes with TF's kernels unless `decoder="dali"`.
     """
-    from dali_loader.tfdata import make_loader, to_tf_dataset
+    from dali_loader.lazy import import_tf
+    from dali_loader.tfdata.dataset import make_loader, to_tf_dataset
 
-    listing, index = open_index(source, shuffle=shuffle, seed=seed, cache_dir=cache_dir,
-                                max_in_flight=max_in_flight)
+    device = resolve_device(device, import_tf())
+    src, index = open_index(source, shuffle=shuffle, seed=seed, cache_dir=cache_dir,
+                            max_in_flight=max_in_flight)
     spec = ImageSpec(int(image_size[0]), int(image_size[1]))
-    loader = make_loader(listing, index, spec, batch_size=batch_size, shuffle=shuffle,
-                         seed=seed, device=resolve_device(device), decoder=decoder,
-                         max_in_flight=max_in_flight)
-    return to_tf_dataset(loader, batch_size, "int", len(index.class_names or []), True)
+    loader = make_loader(src, index, spec, batch_size=batch_size, shuffle=shuffle, seed=seed,
+                         device=device, decoder=decoder, max_in_flight=max_in_flight)
+    return to_tf_dataset(loader, spec, batch_size, "int", len(index.class_names or []))

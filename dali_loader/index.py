@@ -61,28 +61,6 @@ def _sorted_walk_files(
     return ordered
 
 
-def walk_local(directory: str, follow_links: bool = False) -> list[str]:
-    """Lists every file under `directory` as '/'-joined relative names.
-
-    Hidden files are kept (Keras keeps them); directories are walked
-    recursively, following symlinks only when `follow_links` is True.
-    """
-    out = []
-    for root, _, files in os.walk(directory, followlinks=follow_links):
-        rel_root = os.path.relpath(root, directory)
-        rel_root = "" if rel_root == "." else rel_root.replace(os.sep, "/")
-        for name in files:
-            out.append(f"{rel_root}/{name}" if rel_root else name)
-    return out
-
-
-def local_subdirs(directory: str) -> list[str]:
-    """Returns the first-level sub-directories of a local folder."""
-    return [
-        d for d in os.listdir(directory) if os.path.isdir(os.path.join(directory, d))
-    ]
-
-
 def build_index(
     root: str,
     rel_files: Iterable[str],

@@ -12,9 +12,7 @@ import pytest
 keras = pytest.importorskip("keras")
 tf = pytest.importorskip("tensorflow")
 
-from dali_loader.index import build_index  # noqa: E402
-from dali_loader.loader import BatchLoader  # noqa: E402
-from dali_loader.pipeline import ImageSpec  # noqa: E402
+from dali_loader.api import open_loader  # noqa: E402
 from tf_adapter import image_dataset_from_directory as ours  # noqa: E402
 
 
@@ -157,13 +155,12 @@ def test_tf_decoder_failure_past_the_checks_names_the_file(bad_tree, tmp_path):
 
 def test_decoder_failure_past_the_checks_names_the_file(bad_tree, tmp_path):
     only = _good_and_one_zlib_bad(bad_tree, tmp_path, 6, "3b.png")
-    idx = build_index(str(only), ["c/" + p.name for p in (only / "c").iterdir()], ["c"],
-                      shuffle=False)
-    loader = BatchLoader(idx, ImageSpec(8, 8), batch_size=3)
+    kw = dict(batch_size=3, image_size=(8, 8), shuffle=False, device="cpu")
+    loader = open_loader(str(only), **kw)
     with pytest.raises(ValueError, match="3b.png"):
         list(loader)
-    skip = BatchLoader(idx, ImageSpec(8, 8), batch_size=3, on_error="skip")
-    for _ in range(2):  # the second epoch runs without the bad file
+    skip = open_loader(str(only), on_error="skip", **kw)
+    for _ in range(2):  # each epoch names the bad file again and keeps the 6 good ones
         n = sum(len(x) for x, _ in skip)
         assert n == 6
     assert list(skip.skipped) == [str(only / "c" / "3b.png")]
@@ -190,17 +187,26 @@ def test_unexpected_loader_error_is_raised_not_an_epoch_cut_short(id_tree, on_er
     still reach the caller, not end the epoch early without a word."""
     ds = ours(str(id_tree), label_mode=None, image_size=(8, 8), batch_size=5, seed=1,
               decoder="tf", on_error=on_error)
-    loader = ds._dali_loader
-    real_order = loader.epoch_order
+    feed = ds._dali_loader
+    real_items = feed.items
 
-    def broken_order(epoch):
-        if epoch == 1:
-            raise RuntimeError("boom: the index went away")
-        return real_order(epoch)
+    class Broken:  # an item reader with a bug on the 7th file
+        io = False
+        release = real_items.release
 
-    loader.epoch_order = broken_order
-    assert sum(int(b.shape[0]) for b in ds) == 23  # epoch 0 is whole
+        def __init__(self):
+            self.calls = 0
+
+        def __call__(self, path):
+            self.calls += 1
+            if self.calls == 7:
+                raise RuntimeError("boom: the index went away")
+            return real_items(path)
+
+    assert sum(int(b.shape[0]) for b in ds) == 23  # a whole epoch
+    feed.items = Broken()
     with pytest.raises(Exception, match="boom: the index went away"):
         for _ in ds:
             pass
+    feed.items = real_items
     assert sum(int(b.shape[0]) for b in ds) == 23  # and the next epoch is whole again

@@ -11,7 +11,7 @@ from PIL import Image
 
 tf = pytest.importorskip("tensorflow")
 
-from dali_loader.baselines import infer_class_names, list_pngs, seed_pipeline, tuned_pipeline  # noqa: E402
+from dali_loader.tools.baselines import infer_class_names, list_pngs, seed_pipeline, tuned_pipeline  # noqa: E402
 
 CLASSES = ["cats", "dogs", "zebra"]
 PER_CLASS = 10
@@ -93,7 +93,7 @@ def test_tuned_pipeline_reads_everything(solid_tree):
 
 
 def test_gs_sources_read_through_gcs(solid_tree, monkeypatch):
-    fakegcs = pytest.importorskip("dali_loader.fakegcs")
+    fakegcs = pytest.importorskip("dali_loader.testing.fakegcs")
     with fakegcs.FakeGCS.from_directory(solid_tree, bucket="b", prefix="data") as srv:
         monkeypatch.setenv("STORAGE_EMULATOR_HOST", srv.endpoint)
         assert len(list_pngs("gs://b/data")) == len(CLASSES) * PER_CLASS

@@ -13,8 +13,8 @@ from PIL import Image
 
 pytest.importorskip("tensorflow")
 
-from dali_loader import cmd_bench  # noqa: E402
-from dali_loader.bench import input_bound_class, summarize, timed_epoch, write_results  # noqa: E402
+from dali_loader.tools import cmd_bench  # noqa: E402
+from dali_loader.tools.bench import input_bound_class, summarize, timed_epoch, write_results  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -9,9 +9,10 @@ import time
 
 import pytest
 
-from dali_loader.cache import DiskCache, checksum_problem, default_cache_dir
-from dali_loader.fakegcs import FakeGCS, b64_crc32c, b64_md5, write_random_tree
-from dali_loader.remote import ObjectInfo, open_remote
+from dali_loader.storage.cache import DiskCache, checksum_problem, default_cache_dir
+from dali_loader.testing.fakegcs import FakeGCS, b64_crc32c, b64_md5, write_random_tree
+from dali_loader.storage.objects import ObjectInfo
+from dali_loader.storage.remote import open_remote
 
 pytestmark = pytest.mark.timeout(180)
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -86,8 +87,8 @@ def test_dataset_larger_than_cache(tmp_path, monkeypatch):
 _WORKER = r"""
 import os, sys
 from concurrent.futures import ThreadPoolExecutor
-from dali_loader.fakegcs import write_random_tree
-from dali_loader.remote import open_remote
+from dali_loader.testing.fakegcs import write_random_tree
+from dali_loader.storage.remote import open_remote
 files = write_random_tree(sys.argv[2] + "/truth-" + str(os.getpid()), per_class=30, size=(1000, 3000), seed=11)
 with open_remote("gs://b", cache_dir=sys.argv[1], cache_max_bytes=10**8) as src:
     objs = src.list_objects()

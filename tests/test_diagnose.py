@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from dali_loader import cmd_diagnose
-from dali_loader.diagnose import Measurements, format_report, interp_rate, run_diagnose, to_json, verdict
+from dali_loader.tools import cmd_diagnose
+from dali_loader.tools.diagnose import Measurements, format_report, interp_rate, run_diagnose, to_json, verdict
 
 
 def _m(**kw) -> Measurements:
@@ -94,7 +94,7 @@ FAST = dict(levels=(1, 8), loader_in_flight=16, measure_loader=False, budget_s=0
 
 
 def test_case_slow_gcs_is_storage(tmp_path, monkeypatch):
-    fakegcs = pytest.importorskip("dali_loader.fakegcs")
+    fakegcs = pytest.importorskip("dali_loader.testing.fakegcs")
     root = _pngs(tmp_path, 16, (32, 32), noise=False)
     with fakegcs.FakeGCS.from_directory(root, bucket="b", prefix="data",
                                         faults=fakegcs.Faults(latency=0.1)) as srv:

@@ -37,7 +37,7 @@ def test_each_file_once_partial_batch_kept_and_reshuffled(id_tree, decoder):
     assert orders[0] != orders[1] != orders[2]
     loader = ds._dali_loader
     # One DALI pipeline for every epoch (none when TF's kernels decode).
-    assert loader.pipeline_builds == (1 if decoder == "dali" else 0)
+    assert getattr(loader, "pipeline_builds", 0) == (1 if decoder == "dali" else 0)
     assert len(loader.epoch_setup_seconds) == 3
 
 
@@ -92,8 +92,8 @@ def test_model_fit_runs_unchanged_with_validation(id_tree, decoder):
     hist = model.fit(train, validation_data=val, epochs=3, verbose=0)
     assert len(hist.history["loss"]) == 3 and len(hist.history["val_loss"]) == 3
     assert all(np.isfinite(hist.history["loss"]))
-    assert train._dali_loader.pipeline_builds == (1 if decoder == "dali" else 0)
-    assert train._dali_loader.epoch == 3
+    assert getattr(train._dali_loader, "pipeline_builds", 0) == (1 if decoder == "dali" else 0)
+    assert train._dali_loader.epochs_started == 3
 
 
 def test_dali_loader_core_works_without_tensorflow(id_tree):
@@ -145,30 +145,27 @@ def test_num_threads_sets_tf_decode_parallelism(id_tree, num_threads):
     assert sorted(i for b in ds for i in ids_of(b)) == list(range(23))
 
 
-@pytest.mark.parametrize("read", [True, False])
-def test_encoded_epochs_come_in_chunks(id_tree, read):
-    """decode=False yields `chunk_size` files at a time (the TF path takes 16 so decoding
+@pytest.mark.parametrize("kind", ["bytes", "paths"])
+def test_feed_epochs_come_in_chunks(id_tree, kind):
+    """A feed yields `chunk_size` items at a time (the TF path takes 16 so decoding
     starts on the first files), every file once, labels aligned with positions."""
-    from dali_loader.index import build_index
-    from dali_loader.loader import BatchLoader
-    from dali_loader.pipeline import ImageSpec
-    from dali_loader.sources import list_source
+    from dali_loader.api import open_index
+    from dali_loader.feed.epochs import Feed
+    from dali_loader.feed.items import Paths, RawBytes
 
-    listing = list_source(str(id_tree))
-    idx = build_index(listing.root, listing.rel_files, listing.subdirs, shuffle=False)
-    loader = BatchLoader(idx, ImageSpec(8, 8), batch_size=10, decode=False, read=read,
-                         chunk_size=4, shuffle=True, seed=3)
-    chunks = list(loader)
-    assert [len(items) for items, _, _ in chunks] == [4] * 5 + [3]
-    positions = [p for _, _, pos in chunks for p in pos]
+    src, idx = open_index(str(id_tree), shuffle=False)
+    items = RawBytes(src) if kind == "bytes" else Paths()
+    feed = Feed(idx, items, chunk_size=4, shuffle=True, seed=3)
+    chunks = list(feed)
+    assert [len(c.items) for c in chunks] == [4] * 5 + [3]
+    positions = [p for c in chunks for p in c.positions]
     assert sorted(positions) == list(range(23))
-    for items, labels, pos in chunks:
-        assert list(labels) == [idx.labels[p] for p in pos]
-        if read:
-            assert all(isinstance(x, bytes) and x[:4] == b"\x89PNG" for x in items)
+    for c in chunks:
+        if kind == "bytes":
+            assert all(isinstance(x, bytes) and x[:4] == b"\x89PNG" for x in c.items)
         else:
-            assert list(items) == [idx.paths[p] for p in pos]
+            assert list(c.items) == [idx.paths[p] for p in c.positions]
     with pytest.raises(ValueError, match="chunk_size=0"):
-        BatchLoader(idx, ImageSpec(8, 8), batch_size=10, decode=False, chunk_size=0)
+        Feed(idx, items, chunk_size=0)
     tf_path = ours(str(id_tree), image_size=(8, 8), batch_size=64, decoder="tf")
     assert tf_path._dali_loader.chunk_size == 16

@@ -9,7 +9,7 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 
-from dali_loader.fakegcs import FakeGCS, Faults  # noqa: E402
+from dali_loader.testing.fakegcs import FakeGCS, Faults  # noqa: E402
 from tf_adapter import image_dataset_from_directory as ours  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
@@ -51,8 +51,11 @@ def test_epochs_over_faulty_gcs_are_bit_identical_to_local(photo_tree, gcs, tmp_
         rx, ry = arrays(remote)
         np.testing.assert_array_equal(rx, lx)
         np.testing.assert_array_equal(ry, ly)
-    locate = remote._dali_loader._locate_fn
-    assert all(locate(p) is not None for p in remote.file_paths)  # the warm fast path
+    source = remote._dali_loader.source
+    pins = [source.pin(p) for p in remote.file_paths]  # the warm fast path: pinned entries
+    assert all(p is not None for p in pins)
+    for file, _ in pins:
+        source.unpin(file)
     remote._dali_loader.close()
     downloads = sum(server.media_counts.values()) if hasattr(server, "media_counts") else None
     # A new run on the same cache downloads nothing.
@@ -69,7 +72,7 @@ def test_dali_path_over_faulty_gcs_matches_local(photo_tree, gcs, tmp_path):
     kw = dict(image_size=(40, 56), batch_size=4, shuffle=True, seed=3, verbose=False, decoder="dali")
     local = ours(str(photo_tree), **kw)
     remote = ours("gs://b", cache_dir=str(tmp_path / "cache"), max_in_flight=16, **kw)
-    assert remote._dali_loader.decode  # DALI decodes the fetched bytes
+    assert type(remote._dali_loader).__name__ == "DaliBatches"  # DALI decodes the fetched bytes
     for _ in range(2):
         lx, ly = arrays(local)
         rx, ry = arrays(remote)
@@ -116,7 +119,7 @@ def test_kill9_during_prefetch_then_epoch_is_bit_identical(photo_tree, gcs, tmp_
     server = gcs(photo_tree, faults=Faults(latency=0.03))
     cache = str(tmp_path / "cache")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "dali_loader.cli", "prefetch", "gs://b", "--cache-dir", cache,
+        [sys.executable, "-m", "dali_loader.tools.cli", "prefetch", "gs://b", "--cache-dir", cache,
          "--max-in-flight", "2", "--no-progress"],
         env=dict(os.environ), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 60

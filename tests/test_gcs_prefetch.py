@@ -11,20 +11,20 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from dali_loader.cache import DiskCache
-from dali_loader.fakegcs import FakeGCS, Faults, write_random_tree
-from dali_loader.remote import open_remote
+from dali_loader.storage.cache import DiskCache
+from dali_loader.testing.fakegcs import FakeGCS, Faults, write_random_tree
+from dali_loader.storage.remote import open_remote
 
 pytestmark = pytest.mark.timeout(180)
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def cli_module() -> str:
-    """The lead's ``dali_loader.cli`` once it registers these commands; this module on its own before."""
+    """The lead's ``dali_loader.tools.cli`` once it registers these commands; this module on its own before."""
     cli = os.path.join(REPO, "dali_loader", "cli.py")
     if os.path.exists(cli) and "cmd_cache" in open(cli, encoding="utf-8").read():
-        return "dali_loader.cli"
-    return "dali_loader.cmd_cache"
+        return "dali_loader.tools.cli"
+    return "dali_loader.tools.cmd_cache"
 
 
 def run_cli(args: list[str], env: dict, timeout: float = 120) -> subprocess.CompletedProcess:

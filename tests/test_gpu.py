@@ -15,7 +15,7 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 
-from dali_loader.devices import dali_gpu_count  # noqa: E402
+from dali_loader.decode.devices import dali_gpu_count  # noqa: E402
 
 pytestmark = [
     pytest.mark.gpu,

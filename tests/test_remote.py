@@ -8,8 +8,10 @@ import os
 
 import pytest
 
-from dali_loader.fakegcs import FakeGCS, Faults, write_random_tree
-from dali_loader.remote import ObjectFetchError, is_remote, open_remote, parse_url
+from dali_loader.testing.fakegcs import FakeGCS, Faults, write_random_tree
+from dali_loader.storage.objects import ObjectFetchError
+from dali_loader.storage.remote import open_remote
+from dali_loader.storage.urls import is_remote, parse_url
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -154,7 +156,7 @@ def test_hostile_names_never_escape_the_cache(tmp_path, serve, caplog):
         server.put(name, f"payload {i}".encode())
     cache_dir = tmp_path / "deep" / "cache"
     before = {p for p in tmp_path.rglob("*")}
-    with caplog.at_level(logging.WARNING, logger="dali_loader.remote"):
+    with caplog.at_level(logging.WARNING, logger="dali_loader.storage.remote"):
         with open_remote("gs://b/p", cache_dir=str(cache_dir)) as src:
             objs = src.list_objects()
             assert sorted(o.name for o in objs) == sorted(kept)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from dali_loader.sample import make_sample_dataset, source_images
+from dali_loader.tools.sample import make_sample_dataset, source_images
 
 
 def _digest(root: str) -> dict[str, str]:

@@ -14,11 +14,14 @@ import logging
 
 import numpy as np
 
-from dali_loader.index import ALLOWLIST_FORMATS, build_index, split
-from dali_loader.devices import resolve_device
-from dali_loader.pipeline import INTERPOLATIONS, ImageSpec
-from dali_loader.sources import list_source
-from dali_loader.tfdata import import_tf, make_loader, to_tf_dataset
+from dali_loader.api import open_index
+from dali_loader.args import positive_int
+from dali_loader.decode.devices import resolve_device
+from dali_loader.decode.spec import INTERPOLATIONS, ImageSpec, channels_for
+from dali_loader.feed.policy import check_on_error
+from dali_loader.index import ALLOWLIST_FORMATS, split
+from dali_loader.lazy import import_tf
+from dali_loader.tfdata.dataset import make_loader, to_tf_dataset
 
 logger = logging.getLogger(__name__)
 
@@ -49,12 +52,7 @@ def _check_args(labels, label_mode, class_names, color_mode, image_size,
             '"categorical", "binary", '
             f"or None. Received: label_mode={label_mode}"
         )
-    channels = {"rgb": 3, "rgba": 4, "grayscale": 1}.get(color_mode)
-    if channels is None:
-        raise ValueError(
-            '`color_mode` must be one of {"rgb", "rgba", "grayscale"}. '
-            f"Received: color_mode={color_mode}"
-        )
+    channels = channels_for(color_mode)
     if isinstance(image_size, int):
         image_size = (image_size, image_size)
     elif not isinstance(image_size, (list, tuple)) or not len(image_size) == 2:
@@ -103,18 +101,9 @@ def _check_args(labels, label_mode, class_names, color_mode, image_size,
 
 
 def _check_loader_args(on_error, num_threads, max_in_flight, cache_max_bytes):
-    if on_error not in ("raise", "skip"):
-        raise ValueError(
-            f'`on_error` must be "raise" or "skip". Received: on_error={on_error}'
-        )
-    if num_threads is not None and (not isinstance(num_threads, int) or num_threads < 1):
-        raise ValueError(
-            f"`num_threads` must be a positive integer or None. Received: num_threads={num_threads}"
-        )
-    if not isinstance(max_in_flight, int) or max_in_flight < 1:
-        raise ValueError(
-            f"`max_in_flight` must be a positive integer. Received: max_in_flight={max_in_flight}"
-        )
+    check_on_error(on_error)
+    positive_int("num_threads", num_threads, allow_none=True)
+    positive_int("max_in_flight", max_in_flight)
     if cache_max_bytes is not None and cache_max_bytes <= 0:
         raise ValueError(
             f"`cache_max_bytes` must be positive or None. Received: cache_max_bytes={cache_max_bytes}"
@@ -195,7 +184,7 @@ def image_dataset_from_directory(
         labels = None
         label_mode = None
     _check_loader_args(on_error, num_threads, max_in_flight, cache_max_bytes)
-    device = resolve_tf_device(device)
+    device = resolve_device(device, import_tf())
     if decoder not in (None, "dali", "tf"):
         raise ValueError(
             f'`decoder` must be None, "dali" or "tf". Received: decoder={decoder}'
@@ -212,14 +201,10 @@ def image_dataset_from_directory(
         )
     if seed is None:
         seed = np.random.randint(1e6)
-    listing = list_source(
-        str(directory), follow_links=follow_links, cache_dir=cache_dir,
-        cache_max_bytes=cache_max_bytes, max_in_flight=max_in_flight,
-        labels_inferred=labels == "inferred",
-    )
-    index = build_index(
-        listing.root, listing.rel_files, listing.subdirs, labels=labels,
-        class_names=class_names, shuffle=shuffle, seed=seed, join=listing.join,
+    source, index = open_index(
+        str(directory), labels=labels, class_names=class_names, shuffle=shuffle, seed=seed,
+        follow_links=follow_links, cache_dir=cache_dir, cache_max_bytes=cache_max_bytes,
+        max_in_flight=max_in_flight, require_files=False,
     )
     if verbose:
         if index.labels is None:
@@ -242,12 +227,12 @@ def image_dataset_from_directory(
 
     def make(sub_index, sub_shuffle):
         loader = make_loader(
-            listing, sub_index, spec, batch_size=batch_size or 32, shuffle=sub_shuffle,
+            source, sub_index, spec, batch_size=batch_size or 32, shuffle=sub_shuffle,
             seed=seed, device=device, decoder=decoder, num_threads=num_threads,
             on_error=on_error, max_in_flight=max_in_flight,
         )
-        ds = to_tf_dataset(loader, batch_size, label_mode,
-                         len(class_names) if class_names else 0, on_error == "raise")
+        ds = to_tf_dataset(loader, spec, batch_size, label_mode,
+                           len(class_names) if class_names else 0, num_threads=num_threads)
         ds.class_names = class_names
         ds.file_paths = list(sub_index.paths)
         return ds
@@ -278,49 +263,3 @@ def _announce(index, validation_split, subset):
     if validation_split:
         print(f"Using {len(sub)} files for {subset}.")
     return sub
-
-
-def resolve_tf_device(device):
-    """None -> "gpu" when TF and DALI both see a GPU; sets TF memory growth.
-
-    TF grabs nearly all GPU memory by default, which starves DALI; memory
-    growth (or the `cuda_malloc_async` allocator) lets both share one GPU.
-    """
-    if device not in (None, "auto", "cpu", "gpu"):
-        raise ValueError(
-            f'`device` must be None (auto), "cpu" or "gpu". Received: device={device}'
-        )
-    if device == "cpu":
-        return "cpu"
-    tf = import_tf()
-    gpus = tf.config.list_physical_devices("GPU")
-    if not gpus:
-        if device == "gpu":
-            raise ValueError(
-                'device="gpu" was requested but TensorFlow sees no GPU. Install '
-                "TensorFlow with CUDA (pip install 'tensorflow[and-cuda]') or use device=None."
-            )
-        return "cpu"
-    dali_device = resolve_device(device)
-    if dali_device == "gpu":
-        share_gpu_with_dali(tf, gpus)
-    return dali_device
-
-
-def share_gpu_with_dali(tf, gpus) -> None:
-    """Turns on TF memory growth unless the async allocator is in use."""
-    import os
-
-    if os.environ.get("TF_GPU_ALLOCATOR") == "cuda_malloc_async":
-        return  # the async allocator does not pre-reserve the whole device
-    for gpu in gpus:
-        try:
-            tf.config.experimental.set_memory_growth(gpu, True)
-        except RuntimeError:
-            logger.warning(
-                "TensorFlow's GPU is already initialised, so memory growth cannot be "
-                "turned on; DALI may run out of GPU memory. Call "
-                "image_dataset_from_directory before building the model, or set "
-                "TF_GPU_ALLOCATOR=cuda_malloc_async."
-            )
-            return

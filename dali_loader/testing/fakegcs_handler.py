@@ -1,4 +1,4 @@
-"""The HTTP side of :class:`~dali_loader.fakegcs.FakeGCS`: routes, listing pages, media, faults.
+"""The HTTP side of :class:`~dali_loader.testing.fakegcs.FakeGCS`: routes, listing pages, media, faults.
 
 Bucket metadata (``/storage/v1/b/B``), paged listings with ``prefix``/``delimiter``
 (``/storage/v1/b/B/o``), object metadata and media downloads
@@ -9,6 +9,7 @@ Bucket metadata (``/storage/v1/b/B``), paged listings with ``prefix``/``delimite
 from __future__ import annotations
 
 import base64
+import dataclasses
 import bisect
 import http.server
 import json
@@ -18,12 +19,19 @@ import struct
 import sys
 import time
 import urllib.parse
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from dali_loader.fakegcs import FakeGCS, _Obj
+from typing import Any
 
 logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class StoredObject:
+    """One object version the fake store holds."""
+
+    data: bytes
+    generation: int
+    crc32c: str
+    md5: str
 
 
 class FakeGCSServer(http.server.ThreadingHTTPServer):
@@ -37,7 +45,7 @@ class FakeGCSServer(http.server.ThreadingHTTPServer):
             super().handle_error(request, client_address)
 
 
-def object_resource(bucket: str, name: str, obj: _Obj) -> dict:
+def object_resource(bucket: str, name: str, obj: StoredObject) -> dict:
     """The JSON-API ``storage#object`` resource of ``obj``."""
     gen = str(obj.generation)
     return {
@@ -57,7 +65,7 @@ class FakeGCSHandler(http.server.BaseHTTPRequestHandler):
 
     protocol_version = "HTTP/1.1"
     disable_nagle_algorithm = True  # no 40 ms delayed-ACK stalls between headers and body
-    fake: FakeGCS  # set on the bound subclass
+    fake: Any  # the FakeGCS store, set on the bound subclass
 
     def log_message(self, format: str, *args) -> None:  # noqa: A002 - base-class signature
         logger.debug("fakegcs: " + format, *args)
@@ -199,7 +207,7 @@ class FakeGCSHandler(http.server.BaseHTTPRequestHandler):
             payload["nextPageToken"] = base64.urlsafe_b64encode(last.encode()).decode()
         self._send_json(200, payload)
 
-    def _media(self, obj: _Obj) -> None:
+    def _media(self, obj: StoredObject) -> None:
         data = obj.data
         total = len(data)
         start, end = 0, total - 1

@@ -4,106 +4,26 @@
 anonymous access when there are none, ``STORAGE_EMULATOR_HOST`` honoured) with an
 HTTP connection pool sized for ``max_in_flight`` concurrent downloads. Other schemes
 (``s3://``, ``az://``, ``memory://``, ...) go through fsspec; both backends live in
-:mod:`dali_loader.backends`. This module lists, verifies and caches: every fetched
+:mod:`dali_loader.storage.gcs` and :mod:`dali_loader.storage.fsspec_backend`. This module lists, verifies and caches: every fetched
 object is verified (crc32c, else md5, else size), retried with exponential backoff
 and full jitter on transient failures, and kept in a
-:class:`~dali_loader.cache.DiskCache`.
+:class:`~dali_loader.storage.cache.DiskCache`.
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
-import dataclasses
 import logging
-import re
 import threading
 import time
 
-from dali_loader.backends import FsspecBackend, GCSBackend
-from dali_loader.cache import DiskCache, checksum_problem
+from dali_loader.storage.cache import DiskCache, checksum_problem
+from dali_loader.storage.objects import ObjectFetchError, ObjectInfo
+from dali_loader.storage.urls import parse_url, unsafe_reason
 
 logger = logging.getLogger(__name__)
 
-_SCHEME_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)://")
 _MAX_WARNED = 20
-
-
-class ObjectFetchError(IOError):
-    """An object could not be fetched (after retries); ``.url`` names it."""
-
-    def __init__(self, url: str, reason: str):
-        super().__init__(f"Could not fetch {url}: {reason}")
-        self.url = url
-        self.reason = reason
-
-
-def is_remote(path: object) -> bool:
-    """True for ``scheme://...`` strings other than ``file://``."""
-    if not isinstance(path, str):
-        return False
-    m = _SCHEME_RE.match(path)
-    return bool(m) and m.group(1).lower() != "file"
-
-
-def parse_url(url: str) -> tuple[str, str, str]:
-    """Split ``scheme://bucket/prefix`` into (scheme, bucket, prefix); ``gcs`` becomes ``gs``."""
-    m = _SCHEME_RE.match(url) if isinstance(url, str) else None
-    if not m or m.group(1).lower() == "file":
-        raise ValueError(f"Expected a remote URL such as gs://bucket/prefix. Received: url={url!r}")
-    scheme = m.group(1).lower()
-    scheme = "gs" if scheme == "gcs" else scheme
-    bucket, _, prefix = url[m.end():].partition("/")
-    if not bucket:
-        raise ValueError(f"The URL has no bucket name. Received: url={url!r}")
-    return scheme, bucket, prefix.strip("/")
-
-
-def unsafe_reason(rel: str) -> str | None:
-    """Why ``rel`` (a '/'-separated name under the prefix) is unusable as a dataset path."""
-    body = rel[:-1] if rel.endswith("/") else rel
-    if rel.startswith("/"):
-        return "absolute or empty leading segment"
-    segments = body.split("/")
-    if any(s == "" for s in segments):
-        return "empty path segment ('//')"
-    if any(s in (".", "..") for s in segments):
-        return "'.' or '..' segment"
-    if any(ord(c) < 32 or c == "\x7f" for c in body):
-        return "control character"
-    if "\\" in body:
-        return "backslash (ambiguous path separator)"
-    return None
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class ObjectInfo:
-    """One object of a listing.
-
-    Attributes:
-        rel: name relative to the prefix, '/'-separated (ends with '/' for a
-            directory placeholder object).
-        name: full object name in the bucket.
-        size: size in bytes.
-        generation: the object generation ("" when the backend has none).
-        crc32c: base64 big-endian CRC32C as GCS gives it, or None.
-        md5: base64 MD5, or None.
-        bucket: the bucket.
-        scheme: the URL scheme ("gs", "s3", ...).
-    """
-
-    rel: str
-    name: str
-    size: int
-    generation: str
-    crc32c: str | None
-    md5: str | None
-    bucket: str = ""
-    scheme: str = "gs"
-
-    @property
-    def url(self) -> str:
-        """``scheme://bucket/name``."""
-        return f"{self.scheme}://{self.bucket}/{self.name}"
 
 
 def _describe(exc: BaseException) -> str:
@@ -122,7 +42,7 @@ class RemoteSource:
     while downloading.
     """
 
-    def __init__(self, url: str, backend: GCSBackend | FsspecBackend, cache: DiskCache | None, *,
+    def __init__(self, url: str, backend, cache: DiskCache | None, *,
                  max_attempts: int = 8, initial_backoff: float = 0.05, max_backoff: float = 5.0,
                  deadline: float = 300.0, max_pending_writes: int = 64):
         self.scheme, self.bucket, self.prefix = parse_url(url)
@@ -189,12 +109,17 @@ class RemoteSource:
             self._write_behind(info, data)
         return data
 
-    def locate(self, info: ObjectInfo) -> tuple[str, int] | None:
-        """`(cache file, payload offset)` of an object this process has verified
-        and written to the cache, or None (then use `fetch`)."""
+    def pin(self, info: ObjectInfo) -> tuple[str, int] | None:
+        """`(pinned cache file, payload offset)` of an object this process has
+        verified and written to the cache, held against eviction until `unpin`;
+        or None (then use `fetch`)."""
         if self.cache is None or (info.name, info.generation) in self._pending:
             return None
-        return self.cache.located(self.bucket, info)
+        return self.cache.pin(self.bucket, info)
+
+    def unpin(self, pinned: str) -> None:
+        """Releases a file returned by `pin`."""
+        self.cache.unpin(pinned)
 
     def _write_behind(self, info: ObjectInfo, data: bytes) -> None:
         if self._writer is None:
@@ -266,10 +191,12 @@ class RemoteSource:
         raise ObjectFetchError(info.url, f"{reason} (gave up after {attempt} attempts)")
 
     def close(self) -> None:
-        """Finish pending cache writes and close the HTTP session."""
+        """Finish pending cache writes, release pins and close the HTTP session."""
         if self._writer is not None:
             self._writer.shutdown(wait=True)
             self._writer = None
+        if self.cache is not None:
+            self.cache.close()
         self._backend.close()
 
     def __enter__(self) -> "RemoteSource":
@@ -303,8 +230,12 @@ def open_remote(url: str, *, cache_dir: str | None = None, cache_max_bytes: int 
         raise ValueError(f"max_attempts must be a positive integer. Received: max_attempts={max_attempts!r}")
     scheme, bucket, _ = parse_url(url)
     if scheme == "gs":
+        from dali_loader.storage.gcs import GCSBackend
+
         backend = GCSBackend(bucket, pool_size=max_in_flight + 4, timeout=timeout, media_via=media_via)
     else:
+        from dali_loader.storage.fsspec_backend import FsspecBackend
+
         backend = FsspecBackend(scheme, bucket)
     cache = DiskCache(cache_dir, cache_max_bytes)
     return RemoteSource(url, backend, cache, max_attempts=max_attempts, max_pending_writes=max_in_flight)

@@ -1,10 +1,11 @@
-"""Storage backends behind :class:`~dali_loader.remote.RemoteSource`.
+"""The gs:// backend behind :class:`~dali_loader.storage.remote.RemoteSource`, and the one
+google-cloud-storage client factory.
 
 A backend lists objects (``iter_objects``, ``iter_dirs``), downloads one object's
 bytes (``download``), says whether a failure is worth retrying (``retryable``) and
 closes its connections. :class:`GCSBackend` speaks the GCS JSON API through
-``google-cloud-storage``; :class:`FsspecBackend` wraps any fsspec filesystem.
-Verification, retries and caching live in ``dali_loader.remote``.
+``google-cloud-storage``; ``fsspec_backend.FsspecBackend`` wraps any fsspec
+filesystem. Verification, retries and caching live in ``storage.remote``.
 """
 
 from __future__ import annotations
@@ -14,12 +15,14 @@ import os
 import urllib.parse
 from typing import TYPE_CHECKING, Iterator
 
+from dali_loader.lazy import import_gcs
+
 if TYPE_CHECKING:
-    from dali_loader.remote import ObjectInfo
+    from dali_loader.storage.objects import ObjectInfo
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["GCSBackend", "FsspecBackend", "make_client", "enlarge_pool", "list_retry"]
+__all__ = ["GCSBackend", "make_client", "enlarge_pool", "list_retry"]
 
 
 class GCSBackend:
@@ -36,10 +39,6 @@ class GCSBackend:
     def __init__(self, bucket: str, pool_size: int, timeout: float, media_via: str = "urllib3"):
         if media_via not in ("urllib3", "client"):
             raise ValueError(f"media_via must be 'urllib3' or 'client'. Received: media_via={media_via!r}")
-        try:
-            from google.cloud import storage  # noqa: F401 - lazy, heavy import
-        except ImportError as e:
-            raise ImportError("Reading gs:// URLs needs google-cloud-storage: pip install google-cloud-storage") from e
         import urllib.request
 
         import urllib3
@@ -124,9 +123,9 @@ def list_retry():
 
 def make_client():
     """A storage client: emulator or ADC when available, anonymous otherwise."""
+    storage = import_gcs()
     import google.auth
     from google.auth.exceptions import DefaultCredentialsError
-    from google.cloud import storage
 
     if os.environ.get("STORAGE_EMULATOR_HOST"):
         return storage.Client()  # anonymous credentials against the emulator
@@ -154,52 +153,3 @@ def enlarge_pool(client, pool_size: int) -> None:
     session = client._http  # a google.auth AuthorizedSession (a requests.Session)
     session.mount("https://", adapter)
     session.mount("http://", adapter)
-
-
-class FsspecBackend:
-    """Any fsspec filesystem (s3://, az://, memory://, ...)."""
-
-    def __init__(self, scheme: str, bucket: str):
-        import fsspec
-        from fsspec.registry import known_implementations
-
-        try:
-            self.fs = fsspec.filesystem(scheme)
-        except ImportError as e:
-            impl = known_implementations.get(scheme, {})
-            pkg = impl.get("class", scheme).split(".")[0]
-            raise ImportError(f"Reading {scheme}:// URLs needs the '{pkg}' package: pip install {pkg} "
-                              f"({impl.get('err', e)})") from e
-        except ValueError as e:
-            raise ValueError(f"Unknown URL scheme {scheme!r}; fsspec has no filesystem for it. "
-                             f"Received: scheme={scheme!r}") from e
-        self.scheme = scheme
-        self.bucket = bucket
-
-    def _path(self, name: str) -> str:
-        return self.fs._strip_protocol(f"{self.scheme}://{self.bucket}/{name}".rstrip("/"))
-
-    def iter_objects(self, prefix: str) -> Iterator[tuple[str, int, str, str | None, str | None]]:
-        root = self._path(prefix)
-        bucket_root = self._path("")
-        for path, d in sorted(self.fs.find(root, withdirs=False, detail=True).items()):
-            name = path[len(bucket_root):].lstrip("/")
-            gen = next((d[k] for k in ("generation", "VersionId", "ETag", "etag", "mtime",
-                                       "LastModified", "last_modified", "created") if d.get(k)), "")
-            yield name, int(d.get("size") or 0), str(gen), d.get("crc32c"), d.get("md5Hash")
-
-    def iter_dirs(self, prefix: str) -> list[str]:
-        root = self._path(prefix)
-        entries = self.fs.ls(root, detail=True)
-        return [e["name"].rstrip("/").rsplit("/", 1)[-1] for e in entries if e.get("type") == "directory"]
-
-    def download(self, info: ObjectInfo) -> bytes:
-        return self.fs.cat_file(self._path(info.name))
-
-    @staticmethod
-    def retryable(exc: BaseException) -> bool:
-        return not isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError,
-                                    NotADirectoryError, ValueError, ImportError, TypeError))
-
-    def close(self) -> None:
-        pass

@@ -23,7 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in _COMMAND_MODULES:
-        importlib.import_module(f"dali_loader.{name}").add_parsers(sub)
+        importlib.import_module(f"dali_loader.tools.{name}").add_parsers(sub)
     return parser
 
 

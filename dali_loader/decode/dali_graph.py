@@ -9,67 +9,11 @@ uploaded) and resize runs on the GPU.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from typing import Any
 
-INTERPOLATIONS = (
-    "bilinear",
-    "nearest",
-    "bicubic",
-    "area",
-    "lanczos3",
-    "lanczos5",
-    "gaussian",
-    "mitchellcubic",
-)
-
-
-def import_dali():
-    """Imports DALI, with an error that says what to install."""
-    try:
-        import nvidia.dali as dali
-    except ImportError as e:
-        raise ImportError(
-            "dali_loader needs NVIDIA DALI: pip install nvidia-dali-cuda120==2.4.0 "
-            "(or run `make install`)."
-        ) from e
-    return dali
-
-
-@dataclasses.dataclass(frozen=True)
-class ImageSpec:
-    """What one output image looks like.
-
-    Attributes:
-        height: Output height.
-        width: Output width.
-        channels: 1 (grayscale), 3 (rgb) or 4 (rgba).
-        interpolation: A Keras interpolation name.
-        crop_to_aspect_ratio: Keras's `smart_resize` centre crop first.
-        pad_to_aspect_ratio: `tf.image.resize_with_pad` instead of a stretch.
-        channels_first: Output CHW instead of HWC.
-    """
-
-    height: int
-    width: int
-    channels: int = 3
-    interpolation: str = "bilinear"
-    crop_to_aspect_ratio: bool = False
-    pad_to_aspect_ratio: bool = False
-    channels_first: bool = False
-
-    @property
-    def output_uint8(self) -> bool:
-        """Keras returns uint8 images for nearest (tf.image.resize keeps the dtype)."""
-        return self.interpolation == "nearest"
-
-    @property
-    def shape(self) -> tuple[int, int, int]:
-        """The per-image output shape."""
-        if self.channels_first:
-            return (self.channels, self.height, self.width)
-        return (self.height, self.width, self.channels)
+from dali_loader.decode.spec import ImageSpec
+from dali_loader.lazy import import_dali
 
 
 def _interp(dali, name: str) -> tuple[Any, bool]:

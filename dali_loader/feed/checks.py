@@ -14,28 +14,10 @@ import io
 import struct
 import zlib
 
+from dali_loader.errors import CorruptImageError
+
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 _PNG_DEPTHS = {0: {1, 2, 4, 8, 16}, 2: {8, 16}, 3: {1, 2, 4, 8}, 4: {8, 16}, 6: {8, 16}}
-
-
-class CorruptImageError(ValueError):
-    """An image file that cannot be decoded.
-
-    Attributes:
-        path: The file (local path or URL).
-        reason: What is wrong with it.
-    """
-
-    def __init__(self, path: str, reason: str):
-        self.path = path
-        self.reason = reason
-        super().__init__(
-            f"Cannot load image file {path}: {reason}. Remove or replace the "
-            'file, or pass on_error="skip" to leave bad files out.'
-        )
-
-    def __reduce__(self):
-        return (CorruptImageError, (self.path, self.reason))
 
 
 def sniff(data: bytes) -> str | None:

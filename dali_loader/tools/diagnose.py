@@ -161,7 +161,7 @@ def list_objects_raw(source: str) -> list[tuple[str, int]]:
     """Lists image files (Keras's allowlist) under ``source`` as (path or gs:// URL, size)."""
     source = str(source).rstrip("/")
     if source.startswith("gs://"):
-        from dali_loader.baselines import gcs_client
+        from dali_loader.tools.baselines import gcs_client
 
         bucket, _, prefix = source[5:].partition("/")
         pre = prefix.strip("/") + "/" if prefix.strip("/") else ""
@@ -182,7 +182,7 @@ def list_objects_raw(source: str) -> list[tuple[str, int]]:
 def make_fetcher(source: str) -> Callable[[str], bytes]:
     """A thread-safe ``fetch(path_or_url) -> bytes``: one GET per object, or one file read."""
     if str(source).startswith("gs://"):
-        from dali_loader.baselines import gcs_client
+        from dali_loader.tools.baselines import gcs_client
 
         def fetch(url: str) -> bytes:
             bucket, _, name = url[5:].partition("/")

@@ -18,6 +18,9 @@ from typing import Any
 class ReadAhead:
     """A persistent pool that maps a read function over items, in order.
 
+    One pool serves any number of concurrent `map` calls: each call's window
+    and results are its own.
+
     Args:
         fn: The read function, called from worker threads.
         max_in_flight: Worker threads, i.e. reads in flight at most.
@@ -43,38 +46,66 @@ class ReadAhead:
         except Exception as e:  # returned, not raised: the consumer decides
             return e
 
-    def map(self, items: Iterable[Any]) -> Iterator[Any]:
+    def map(self, items: Iterable[Any], discard: Callable[[Any], None] | None = None
+            ) -> Ordered:
         """Yields `fn(item)` (or the exception it raised) for each item, in order.
 
         The first window of reads is submitted at once, before the first
         result is asked for, so reads overlap whatever the caller does next.
+        `close()` on the result (also when it is dropped) cancels the reads not
+        yet started; each result read but never yielded is passed to `discard`
+        (to release what it holds).
         """
         if self._pool is None:
             self._pool = cf.ThreadPoolExecutor(
                 self.max_in_flight, thread_name_prefix="dali-loader-read"
             )
-        it = iter(items)
-        pending: collections.deque[cf.Future] = collections.deque()
-        for item in it:
-            pending.append(self._pool.submit(self._call, item))
-            if len(pending) >= self.window:
-                break
-        return self._drain(it, pending)
-
-    def _drain(self, it: Iterator[Any], pending: collections.deque) -> Iterator[Any]:
-        try:
-            while pending:
-                result = pending.popleft().result()
-                for item in it:
-                    pending.append(self._pool.submit(self._call, item))
-                    break
-                yield result
-        finally:
-            for f in pending:
-                f.cancel()
+        return Ordered(self._pool, self._call, iter(items), self.window, discard)
 
     def close(self) -> None:
-        """Stops the worker threads."""
+        """Stops the worker threads (reads not started are cancelled)."""
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None
+
+
+class Ordered:
+    """The results of one `ReadAhead.map`, in order; a bounded window in flight."""
+
+    def __init__(self, pool: cf.ThreadPoolExecutor, call: Callable[[Any], Any],
+                 items: Iterator[Any], window: int, discard: Callable[[Any], None] | None):
+        self._pool = pool
+        self._call = call
+        self._items = items
+        self._discard = discard
+        self._pending: collections.deque[cf.Future] = collections.deque()
+        for item in items:
+            self._pending.append(pool.submit(call, item))
+            if len(self._pending) >= window:
+                break
+
+    def __iter__(self) -> Ordered:
+        return self
+
+    def __next__(self) -> Any:
+        if not self._pending:
+            raise StopIteration
+        result = self._pending.popleft().result()
+        for item in self._items:
+            self._pending.append(self._pool.submit(self._call, item))
+            break
+        return result
+
+    def close(self) -> None:
+        """Cancels the reads not started; results never yielded go to `discard`."""
+        pending, self._pending = self._pending, collections.deque()
+        self._items = iter(())
+        for f in pending:
+            if not f.cancel() and self._discard is not None:
+                f.add_done_callback(self._discard_result)
+
+    def _discard_result(self, f: cf.Future) -> None:
+        self._discard(f.result())
+
+    def __del__(self):
+        self.close()

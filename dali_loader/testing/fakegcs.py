@@ -6,11 +6,11 @@ listing with ``prefix``/``delimiter``, object metadata, and media downloads with
 ``Range`` support and ``x-goog-hash`` headers. Faults (latency, 503/429, connection
 resets, truncated bodies, flipped bytes) are drawn from a seeded RNG. Used by the
 tests, the demo and the benchmarks; never meant to face a network. This module holds
-the store and its lifecycle; the HTTP routes live in :mod:`dali_loader.fakegcs_handler`.
+the store and its lifecycle; the HTTP routes live in :mod:`dali_loader.testing.fakegcs_handler`.
 
 Run standalone (prints ``FAKEGCS_URL http://127.0.0.1:PORT``)::
 
-    python -m dali_loader.fakegcs --root DIR --bucket b --latency 0.05
+    python -m dali_loader.testing.fakegcs --root DIR --bucket b --latency 0.05
 """
 
 from __future__ import annotations
@@ -29,17 +29,9 @@ import time
 
 import google_crc32c
 
-from dali_loader.fakegcs_handler import FakeGCSHandler, FakeGCSServer
+from dali_loader.testing.fakegcs_handler import FakeGCSHandler, FakeGCSServer, StoredObject
 
 _GEN_BASE = 1_700_000_000_000_000
-
-
-@dataclasses.dataclass
-class _Obj:
-    data: bytes
-    generation: int
-    crc32c: str
-    md5: str
 
 
 @dataclasses.dataclass
@@ -87,7 +79,7 @@ class FakeGCS:
         self.bucket = bucket
         self.faults = faults or Faults()
         self.page_size = page_size
-        self.objects: dict[str, _Obj] = {}
+        self.objects: dict[str, StoredObject] = {}
         self.fail_names: dict[str, int] = {}  # name -> status answered forever (0 = reset)
         self.counts: collections.Counter[str] = collections.Counter()
         self.in_flight = 0  # requests being answered now
@@ -129,7 +121,7 @@ class FakeGCS:
             self._next_gen += 1
             if name not in self.objects:
                 self._names_dirty = True
-            self.objects[name] = _Obj(bytes(data), self._next_gen, b64_crc32c(data), b64_md5(data))
+            self.objects[name] = StoredObject(bytes(data), self._next_gen, b64_crc32c(data), b64_md5(data))
             return self._next_gen
 
     def delete(self, name: str) -> None:
@@ -241,7 +233,7 @@ def write_random_tree(root: str, *, classes: tuple[str, ...] = ("cats", "dogs", 
 
 def main(argv: list[str] | None = None) -> int:
     """Serve a directory (and/or a synthetic listing) until stdin closes or SIGTERM."""
-    p = argparse.ArgumentParser(prog="python -m dali_loader.fakegcs", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m dali_loader.testing.fakegcs", description=__doc__.splitlines()[0])
     p.add_argument("--root", help="directory served as the bucket")
     p.add_argument("--bucket", default="b")
     p.add_argument("--prefix", default="", help="object-name prefix for the files of --root")

@@ -1,7 +1,7 @@
 """CLI subcommands ``prefetch`` and ``cache info|clean``.
 
-``dali_loader.cli`` registers them with :func:`add_parsers`; ``python -m
-dali_loader.cmd_cache ...`` runs them on their own.
+``dali_loader.tools.cli`` registers them with :func:`add_parsers`; ``python -m
+dali_loader.tools.cmd_cache ...`` runs them on their own.
 """
 
 from __future__ import annotations
@@ -62,7 +62,8 @@ def run_prefetch(args: argparse.Namespace) -> int:
     """Fill the cache; exit code 0 when every object is cached and verified, 1 otherwise."""
     from tqdm import tqdm
 
-    from dali_loader.remote import ObjectFetchError, open_remote
+    from dali_loader.storage.objects import ObjectFetchError
+    from dali_loader.storage.remote import open_remote
 
     if args.max_in_flight < 1:
         raise ValueError(f"--max-in-flight must be >= 1. Received: max_in_flight={args.max_in_flight}")
@@ -111,7 +112,7 @@ def run_prefetch(args: argparse.Namespace) -> int:
 
 def run_cache_info(args: argparse.Namespace) -> int:
     """Print what the cache holds."""
-    from dali_loader.cache import DiskCache
+    from dali_loader.storage.cache import DiskCache
 
     s = DiskCache(args.cache_dir).stats()
     sys.stdout.write(f"cache: {s.root}\nobjects: {s.objects}\nbytes: {s.bytes}\n"
@@ -121,7 +122,7 @@ def run_cache_info(args: argparse.Namespace) -> int:
 
 def run_cache_clean(args: argparse.Namespace) -> int:
     """Empty the cache, or trim it to ``--keep-bytes``."""
-    from dali_loader.cache import DiskCache
+    from dali_loader.storage.cache import DiskCache
 
     cache = DiskCache(args.cache_dir)
     before = cache.stats()
@@ -137,7 +138,7 @@ def run_cache_clean(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Run one of these subcommands on its own."""
-    parser = argparse.ArgumentParser(prog="python -m dali_loader.cmd_cache")
+    parser = argparse.ArgumentParser(prog="python -m dali_loader.tools.cmd_cache")
     add_parsers(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")

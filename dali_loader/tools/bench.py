@@ -157,7 +157,7 @@ def _pipelines(source: str, batch_size: int, image_size: Sequence[int],
                cache_dir: str | None, include: Sequence[str] | None
                ) -> tuple[dict[str, Any], dict[str, str], list[Any]]:
     """Builds the pipelines; returns (name -> iterable, name -> skip reason, closers)."""
-    from dali_loader.baselines import seed_pipeline, tuned_pipeline
+    from dali_loader.tools.baselines import seed_pipeline, tuned_pipeline
 
     pipes: dict[str, Any] = {}
     skipped: dict[str, str] = {}

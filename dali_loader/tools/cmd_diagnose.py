@@ -36,7 +36,7 @@ def add_parsers(subparsers) -> argparse.ArgumentParser:
 
 def handler(args: argparse.Namespace) -> int:
     """Runs the diagnosis and prints the table (or JSON). Returns the exit status."""
-    from dali_loader.diagnose import format_report, run_diagnose, to_json
+    from dali_loader.tools.diagnose import format_report, run_diagnose, to_json
 
     if not args.json:
         logging.basicConfig(level=logging.INFO, format="  %(message)s", stream=sys.stderr)
@@ -56,7 +56,7 @@ def handler(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Standalone entry point (``python -m dali_loader.cmd_diagnose``)."""
+    """Standalone entry point (``python -m dali_loader.tools.cmd_diagnose``)."""
     parser = argparse.ArgumentParser(prog="dali-loader")
     add_parsers(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["diagnose", *(sys.argv[1:] if argv is None else argv)])

@@ -4,6 +4,7 @@ Layout under ``root``::
 
     v1/objects/ab/ab12...   one file per object: header + payload
     v1/tmp/                 temp files being written (pid in the name)
+    v1/pins/PID.ID/         hard links to entries a reader holds (pid in the name)
     v1/lock                 fcntl lock, held only for bookkeeping and eviction
 
 A cache file is named by ``sha256(bucket, object name, generation)``, never by the
@@ -15,6 +16,11 @@ and are ``os.replace``d into place, so a killed writer never leaves a partial fi
 under an object's name. No fsync by default: a process verifies each entry before first use against the
 checksum, so even a file torn by a power loss is detected and fetched again. Least-recently-used order is the file mtime, refreshed
 on every hit; eviction trims to a low watermark under the lock.
+
+A reader that hands an entry's path to another reader (TF reads warm entries
+itself) first *pins* it: a hard link under ``pins/``. Eviction unlinks only the
+name under ``objects/``, so a pinned file stays readable until it is unpinned;
+pins of a killed process are removed like its temp files.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import base64
 import contextlib
 import dataclasses
 import hashlib
+import itertools
 import json
 import logging
 import os
@@ -111,8 +118,12 @@ class DiskCache:
         self._base = os.path.join(self.root, "v1")
         self._objects = os.path.join(self._base, "objects")
         self._tmp = os.path.join(self._base, "tmp")
+        self._pins_root = os.path.join(self._base, "pins")
         os.makedirs(self._objects, exist_ok=True)
         os.makedirs(self._tmp, exist_ok=True)
+        os.makedirs(self._pins_root, exist_ok=True)
+        self._pins = os.path.join(self._pins_root, f"{os.getpid()}.{uuid.uuid4().hex[:12]}")
+        self._pin_ids = itertools.count()
         self.verify_on_hit = verify_on_hit
         self.fsync = fsync
         self.touch_interval_s = touch_interval_s
@@ -160,6 +171,12 @@ class DiskCache:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
             return None
+        self._touch(path)
+        return data
+
+    def _touch(self, path: str) -> None:
+        """Refreshes the entry's least-recently-used clock (its mtime), at most
+        once per `touch_interval_s` per entry and process."""
         now = time.monotonic()
         last = self._touched.get(path)
         if last is None or now - last >= self.touch_interval_s:
@@ -167,25 +184,47 @@ class DiskCache:
                 self._touched.clear()  # bounded memory; worst case an extra utime
             self._touched[path] = now
             with contextlib.suppress(OSError):
-                os.utime(path)  # the least-recently-used clock (once a minute per entry is enough)
-        return data
+                os.utime(path)
 
-    def located(self, bucket: str, meta: ObjectMeta) -> tuple[str, int] | None:
-        """`(file, payload offset)` of an entry this process already verified, if
-        it is still on disk: a reader may then take the payload straight from the
-        file (TF's own reads) without copying it through Python again."""
+    def pin(self, bucket: str, meta: ObjectMeta) -> tuple[str, int] | None:
+        """Holds an entry this process already verified: `(pinned file, payload
+        offset)`, or None (not cached, not verified here, or no hard links on
+        this file system; then use `get`).
+
+        The pinned file is a hard link that eviction, by any process, does not
+        remove: a reader can take the payload straight from it (TF's own reads)
+        without copying it through Python. Release it with `unpin`. A hit
+        refreshes the entry's place in the LRU order, like `get`.
+        """
         path = self.path_for(bucket, meta)
         offset = self._verified.get(path)
         if offset is None:
             return None
+        os.makedirs(self._pins, exist_ok=True)
+        pinned = os.path.join(self._pins, f"{os.path.basename(path)}.{next(self._pin_ids)}")
         try:
-            if os.stat(path).st_size != offset + meta.size:  # evicted or replaced
-                self._verified.pop(path, None)
-                return None
-        except FileNotFoundError:
+            os.link(path, pinned)
+        except FileNotFoundError:  # evicted since it was verified
             self._verified.pop(path, None)
             return None
-        return path, offset
+        except OSError as e:  # EPERM, EXDEV, ENOTSUP...: no pins on this file system
+            logger.debug("Cannot pin %s (%s); reading through Python instead.", path, e)
+            return None
+        if os.stat(pinned).st_size != offset + meta.size:  # replaced by another writer
+            self.unpin(pinned)
+            self._verified.pop(path, None)
+            return None
+        self._touch(path)
+        return pinned, offset
+
+    def unpin(self, pinned: str) -> None:
+        """Releases a file returned by `pin` (the entry may be evicted again)."""
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(pinned)
+
+    def close(self) -> None:
+        """Releases every pin this instance still holds."""
+        shutil.rmtree(self._pins, ignore_errors=True)
 
     def _decode(self, blob: bytes, bucket: str, meta: ObjectMeta) -> tuple[str | None, bytes]:
         if len(blob) < 8 or blob[:4] != _MAGIC:
@@ -271,13 +310,17 @@ class DiskCache:
         return n, total
 
     def _remove_stale_temp(self) -> None:
-        """Remove temp files of processes that are gone (e.g. killed with SIGKILL)."""
-        for e in os.scandir(self._tmp):
-            pid = e.name.split(".", 1)[0]
-            alive = pid.isdigit() and _pid_alive(int(pid))
-            if not alive:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(e.path)
+        """Remove temp files and pins of processes that are gone (e.g. killed with SIGKILL)."""
+        for folder in (self._tmp, self._pins_root):
+            for e in os.scandir(folder):
+                pid = e.name.split(".", 1)[0]
+                if pid.isdigit() and _pid_alive(int(pid)):
+                    continue
+                if e.is_dir(follow_symlinks=False):
+                    shutil.rmtree(e.path, ignore_errors=True)
+                else:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(e.path)
 
     def evict(self, target_bytes: int) -> int:
         """Delete least-recently-used entries until usage <= ``target_bytes``; returns bytes freed."""

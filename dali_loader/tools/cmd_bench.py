@@ -41,7 +41,7 @@ def add_parsers(subparsers) -> argparse.ArgumentParser:
 
 def handler(args: argparse.Namespace) -> int:
     """Runs the benchmark, writes the files and prints the table. Returns the exit status."""
-    from dali_loader.bench import results_markdown, run_bench, write_results
+    from dali_loader.tools.bench import results_markdown, run_bench, write_results
 
     logging.basicConfig(level=logging.INFO, format="  %(message)s", stream=sys.stderr)
     try:
@@ -61,7 +61,7 @@ def handler(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Standalone entry point (``python -m dali_loader.cmd_bench``)."""
+    """Standalone entry point (``python -m dali_loader.tools.cmd_bench``)."""
     parser = argparse.ArgumentParser(prog="dali-loader")
     add_parsers(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["bench", *(sys.argv[1:] if argv is None else argv)])

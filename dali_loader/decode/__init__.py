@@ -1,0 +1,3 @@
+"""Decoding: the output `spec`, the device choice (`devices`), the DALI graph
+(`dali_graph`) and its epochs of batches (`dali_batches`), and TF's own kernels
+(`tf_kernels`) as Keras uses them."""

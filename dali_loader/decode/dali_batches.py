@@ -1,0 +1,211 @@
+"""DALI batches: a feed of checked bytes in, finite epochs of decoded, resized images out.
+
+`DaliBatches` is a recipe over a `Feed` (chunks of one batch); every
+`iter()` is an independent epoch with its own `FeedEpoch` and its own DALI
+pipeline, checked out of a small pool of idle pipelines: a pipeline is built
+once and reused by later epochs (its `external_source` is pointed at the new
+epoch's feed), so epochs neither re-list nor rebuild. Two epochs running at
+once use two pipelines. An epoch abandoned midway drops its pipeline (it holds
+that epoch's prefetched batches) and stops its reads.
+
+A decode failure that slipped past the byte checks kills the pipeline; the
+epoch then decodes the batches DALI had taken one file at a time to name the
+culprit, and raises (`on_error="raise"`) or drops it, replays the rest into a
+new pipeline and carries on (`"skip"`).
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from collections.abc import Iterator
+
+import numpy as np
+
+from dali_loader.decode.dali_graph import build_pipeline, probe_decode
+from dali_loader.decode.spec import ImageSpec
+from dali_loader.errors import BadFileError, CorruptImageError
+from dali_loader.feed.epochs import Chunk, Feed, FeedEpoch
+
+logger = logging.getLogger(__name__)
+
+_IDLE_PIPELINES = 2  # idle pipelines kept for later epochs
+
+
+class _Slot:
+    """What a pipeline's `external_source` pulls from: the batches of the epoch
+    that holds the pipeline now. Every batch handed to DALI is also queued in
+    `in_flight`, so outputs are matched with their labels and files."""
+
+    def __init__(self):
+        self.epoch: FeedEpoch | None = None
+        self.batch_size = 1
+        self.replay: collections.deque[Chunk] = collections.deque()
+        self.in_flight: collections.deque[Chunk] = collections.deque()
+
+    def start(self, epoch: FeedEpoch | None, batch_size: int = 1) -> None:
+        self.epoch = epoch
+        self.batch_size = batch_size
+        self.replay.clear()
+        self.in_flight.clear()
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> list[np.ndarray]:
+        if self.replay:
+            chunk = self.replay.popleft()
+        elif self.epoch is None:
+            raise StopIteration
+        else:
+            chunk = self.epoch.next_chunk(self.batch_size)
+        if chunk is None:
+            raise StopIteration
+        self.in_flight.append(chunk)
+        return [np.frombuffer(d, dtype=np.uint8) for d in chunk.items]
+
+
+class DaliBatches:
+    """Finite epochs of `(images, labels)` numpy batches, decoded by DALI.
+
+    Args:
+        feed: A `Feed` of `CheckedBytes` items whose chunk size is the batch size.
+        spec: The output image spec.
+        device: "cpu" or "gpu" (the `mixed` decoder and GPU resize).
+        num_threads: DALI CPU threads (default: cores available).
+    """
+
+    def __init__(self, feed: Feed, spec: ImageSpec, *, device: str = "cpu",
+                 num_threads: int | None = None):
+        if device not in ("cpu", "gpu"):
+            raise ValueError(f'`device` must be "cpu" or "gpu". Received: device={device}')
+        self.feed = feed
+        self.spec = spec
+        self.device = device
+        self.num_threads = num_threads
+        self.batch_size = feed.chunk_size
+        self.pipeline_builds = 0
+        # Per epoch, bounded: feed epoch start and pipeline checkout (or build).
+        self.epoch_setup_seconds: collections.deque[float] = collections.deque(maxlen=1000)
+        self._idle: list[tuple[object, _Slot]] = []
+        self._lock = threading.Lock()
+
+    # -- what the dataset reports ------------------------------------------
+    @property
+    def num_files(self) -> int:
+        return self.feed.num_files
+
+    @property
+    def skipped(self) -> dict[str, str]:
+        return self.feed.skipped
+
+    @property
+    def epochs_started(self) -> int:
+        return self.feed.epochs_started
+
+    def __len__(self) -> int:
+        return -(-self.feed.num_files // self.batch_size)
+
+    # -- pipelines ---------------------------------------------------------
+    def _build(self) -> tuple[object, _Slot]:
+        slot = _Slot()
+        with self._lock:
+            self.pipeline_builds += 1
+        pipe = build_pipeline(slot, self.spec, self.batch_size, gpu=self.device == "gpu",
+                              num_threads=self.num_threads)
+        return pipe, slot
+
+    def _checkout(self) -> tuple[object, _Slot]:
+        with self._lock:
+            if self._idle:
+                return self._idle.pop()
+        return self._build()
+
+    def _checkin(self, pipe, slot: _Slot) -> None:
+        with self._lock:
+            if len(self._idle) < _IDLE_PIPELINES:
+                self._idle.append((pipe, slot))
+
+    # -- epochs --------------------------------------------------------------
+    def __iter__(self) -> Iterator[tuple[np.ndarray, np.ndarray | None]]:
+        """A new, independent epoch of `(images, labels)`; labels is None when unlabelled."""
+        return self._epoch()
+
+    def _epoch(self) -> Iterator[tuple[np.ndarray, np.ndarray | None]]:
+        t0 = time.perf_counter()
+        epoch = self.feed.epoch()
+        pipe, slot = self._checkout()
+        slot.start(epoch, self.batch_size)
+        self.epoch_setup_seconds.append(time.perf_counter() - t0)
+        clean = False
+        try:
+            while True:
+                try:
+                    (out,) = pipe.run()
+                except StopIteration:
+                    break
+                except BadFileError:
+                    raise
+                except Exception as err:  # DALI's pipeline died on some file
+                    pipe, slot = self._recover(err, slot, epoch)
+                    continue
+                chunk = slot.in_flight.popleft()
+                yield self._to_numpy(out), epoch.labels(chunk.positions)
+            pipe.reset()
+            clean = True
+        finally:
+            epoch.close()
+            slot.start(None)
+            if clean:
+                self._checkin(pipe, slot)
+
+    def _to_numpy(self, out) -> np.ndarray:
+        if self.device == "gpu":
+            out = out.as_cpu()
+        if out.is_dense_tensor():
+            # No copy: the view keeps DALI's buffer alive (exec_dynamic=True).
+            return np.asarray(out.as_tensor())
+        return np.stack([np.asarray(t) for t in out])  # e.g. after fn.slice
+
+    def _recover(self, err: Exception, slot: _Slot, epoch: FeedEpoch) -> tuple[object, _Slot]:
+        """Names the file that killed the pipeline; raises, or skips it and
+        replays the other taken batches into a new pipeline."""
+        suspects = list(slot.replay) + list(slot.in_flight)
+        culprits: dict[int, str] = {}
+        for chunk in suspects:
+            for pos, data in zip(chunk.positions, chunk.items):
+                problem = probe_decode(data, self.spec)
+                if problem:
+                    culprits[pos] = problem
+            if culprits:
+                break
+        slot.start(None)
+        if not culprits:
+            raise RuntimeError(
+                f"The DALI pipeline failed and no single file reproduces it: {err}"
+            ) from err
+        paths = self.feed.index.paths
+        for pos, problem in culprits.items():
+            epoch.errors(CorruptImageError(paths[pos], f"the decoder failed ({problem})"))
+        pipe, new_slot = self._build()
+        new_slot.start(epoch, self.batch_size)
+        for chunk in suspects:
+            keep = [i for i, p in enumerate(chunk.positions) if p not in culprits]
+            if keep:
+                new_slot.replay.append(Chunk([chunk.items[i] for i in keep],
+                                             [chunk.positions[i] for i in keep]))
+        return pipe, new_slot
+
+    def close(self) -> None:
+        """Drops the idle pipelines and stops the feed's reads."""
+        with self._lock:
+            self._idle.clear()
+        self.feed.close()
+
+    def __enter__(self) -> DaliBatches:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,218 @@
+"""The feed: epochs of checked, encoded items in order, each iteration independent.
+
+A `Feed` is a recipe (index, item reader, chunk size, order, error policy)
+plus shared resources (one read-ahead pool). Every `iter(feed)` is a
+`FeedEpoch` that owns everything about that pass: its epoch number and order,
+its reads in flight, its error record and the items it still holds. Any
+number of them may run at once, interleaved or abandoned; each yields every
+file of its epoch exactly once (or reports it). Closing an epoch, or dropping
+it, cancels its reads and releases what it holds.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import threading
+import time
+import weakref
+from collections.abc import Iterator
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from dali_loader.args import positive_int
+from dali_loader.errors import BadFileError
+from dali_loader.feed.order import epoch_order
+from dali_loader.feed.policy import EpochErrors, SkipReport, check_on_error
+from dali_loader.feed.readahead import ReadAhead
+from dali_loader.index import Index
+
+
+class Chunk(NamedTuple):
+    """Consecutive good items of an epoch and their positions in the index."""
+
+    items: list[Any]
+    positions: list[int]
+
+
+class Feed:
+    """Epochs of items from `index`, read ahead with `max_in_flight` reads.
+
+    Args:
+        index: The files and labels, in dataset order.
+        items: An item reader (`dali_loader.feed.items`).
+        chunk_size: Items per chunk (the last one may be smaller).
+        shuffle: A fresh permutation per epoch, from `seed` and the epoch number.
+        seed: The permutations' seed.
+        on_error: "raise" or "skip" for files that cannot be read or decoded.
+        max_in_flight: Reads in flight (threads of the shared read-ahead pool).
+        read_ahead: Items read ahead of the consumer per epoch (default: two
+            chunks, at least `max_in_flight`).
+        source: The `Source` the items come from; the feed holds it open
+            until it is closed or garbage-collected.
+    """
+
+    def __init__(self, index: Index, items, *, chunk_size: int, shuffle: bool = False,
+                 seed: int = 0, on_error: str = "raise", max_in_flight: int = 64,
+                 read_ahead: int | None = None, source=None):
+        self.index = index
+        self.items = items
+        self.chunk_size = positive_int("chunk_size", chunk_size)
+        self.shuffle = shuffle
+        self.seed = int(seed)
+        self.on_error = check_on_error(on_error)
+        self.max_in_flight = positive_int("max_in_flight", max_in_flight)
+        self.report = SkipReport()
+        self._numbers = itertools.count()
+        self._started = 0
+        self._lock = threading.Lock()
+        self.source = source
+        self._reader = None
+        if items.io:
+            window = max(read_ahead or 2 * self.chunk_size, self.max_in_flight)
+            self._reader = ReadAhead(items, self.max_in_flight, window)
+        if source is not None:
+            source.acquire()
+        self._finalizer = weakref.finalize(self, _release, self._reader, source)
+        # Per epoch, bounded: set-up before the first chunk is asked for.
+        self.epoch_setup_seconds: collections.deque[float] = collections.deque(maxlen=1000)
+
+    @property
+    def num_files(self) -> int:
+        """Files per epoch (before any skipped file)."""
+        return len(self.index)
+
+    @property
+    def epochs_started(self) -> int:
+        """Iterations started so far."""
+        return self._started
+
+    @property
+    def skipped(self) -> dict[str, str]:
+        """File -> reason for every file any iteration left out (`on_error="skip"`)."""
+        return self.report.as_dict()
+
+    def epoch(self) -> FeedEpoch:
+        """A new, independent iteration with the next epoch number."""
+        with self._lock:
+            number = next(self._numbers)
+            self._started += 1
+        return FeedEpoch(self, number)
+
+    __iter__ = epoch
+
+    def close(self) -> None:
+        """Stops the read threads (running epochs stop getting new reads) and lets
+        go of the source (closed when its last feed lets go). Idempotent."""
+        self._finalizer()
+
+
+def _release(reader: ReadAhead | None, source) -> None:
+    if reader is not None:
+        reader.close()
+    if source is not None:
+        source.release()
+
+
+class FeedEpoch:
+    """One pass over the feed's index: yields `Chunk`s; `close()` ends it early.
+
+    Attributes:
+        number: The epoch number (decides the order when shuffling).
+        order: The index positions in this epoch's order.
+        errors: This epoch's `on_error` handler and its record of skipped files.
+    """
+
+    def __init__(self, feed: Feed, number: int):
+        t0 = time.perf_counter()
+        self.number = number
+        self.order = epoch_order(len(feed.index), feed.shuffle, feed.seed, number)
+        self.errors = EpochErrors(feed.on_error, feed.report)
+        self._feed = feed
+        self._items = feed.items
+        self._paths = feed.index.paths
+        self._held: dict[int, Any] = {}  # position -> item not yet released
+        self._lock = threading.Lock()
+        order = self.order.tolist()
+        if feed._reader is not None:
+            self._stream = feed._reader.map((self._paths[p] for p in order),
+                                            discard=self._items.release)
+        else:
+            self._stream = (self._read_inline(self._paths[p]) for p in order)
+        self._results = zip(order, self._stream)
+        self.closed = False
+        feed.epoch_setup_seconds.append(time.perf_counter() - t0)
+
+    def _read_inline(self, path: str) -> Any:
+        try:
+            return self._items(path)
+        except BadFileError as e:
+            return e
+
+    def next_chunk(self, size: int | None = None) -> Chunk | None:
+        """Up to `size` (default: the feed's chunk size) good items, or None at
+        the end. A bad file goes to `errors` (raised, or recorded and left out)."""
+        size = size or self._feed.chunk_size
+        items, positions = [], []
+        for pos, result in self._results:
+            if isinstance(result, BadFileError):
+                self.errors(result)
+                continue
+            if isinstance(result, BaseException):
+                raise result  # a bug or an unexpected failure: never swallowed
+            items.append(result)
+            positions.append(pos)
+            if len(items) == size:
+                break
+        if not items:
+            return None
+        with self._lock:
+            if not self.closed:
+                self._held.update(zip(positions, items))
+        return Chunk(items, positions)
+
+    def __iter__(self) -> Iterator[Chunk]:
+        return self
+
+    def __next__(self) -> Chunk:
+        chunk = self.next_chunk()
+        if chunk is None:
+            raise StopIteration
+        return chunk
+
+    def path(self, pos: int) -> str:
+        """The file at index position `pos`."""
+        return self._paths[pos]
+
+    def labels(self, positions) -> np.ndarray | None:
+        """The labels of `positions` (None when unlabelled)."""
+        labels = self._feed.index.labels
+        return None if labels is None else labels[positions]
+
+    def release(self, positions) -> None:
+        """Lets go of the items at `positions` (a consumer is done with them)."""
+        with self._lock:
+            items = [self._held.pop(p, None) for p in positions]
+        for item in items:
+            if item is not None:
+                self._items.release(item)
+
+    def close(self) -> None:
+        """Ends the epoch: cancels reads not started, releases every held item."""
+        with self._lock:
+            if self.closed:
+                return
+            self.closed = True
+            held, self._held = list(self._held.values()), {}
+        close = getattr(self._stream, "close", None)
+        if close is not None:
+            close()
+        for item in held:
+            self._items.release(item)
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass

@@ -1,0 +1,103 @@
+"""How one indexed file becomes an item for a decoder: an item reader per decoder and source.
+
+Each reader is a callable `reader(path) -> item`, run on the read-ahead's
+threads, that raises a `BadFileError` naming the file when it cannot; `io`
+says whether it does I/O at all (else it runs inline), `release(item)` lets go
+of what an item holds (a pinned cache file).
+
+- `CheckedBytes`: the bytes, checked (content sniff, PNG chunk/CRC walk), for
+  DALI, whose pipeline dies on a bad file.
+- `RawBytes`: the bytes, unchecked, for TF's kernels (their failures are audited).
+- `Paths`: the path itself; TF reads local disk files cheaper than Python does.
+- `PinnedOrBytes`: a verified gs:// cache entry, pinned so that no eviction
+  removes it before TF has read it, or else the bytes (fetched and cached).
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+from dali_loader.errors import UnreadableFileError
+from dali_loader.feed.checks import prepare
+from dali_loader.storage.objects import ObjectFetchError
+
+
+class Pinned(NamedTuple):
+    """A verified local copy that stays on disk until released: read it from `offset` on."""
+
+    file: str
+    offset: int
+
+
+def read_bytes(source, path: str) -> bytes:
+    """`source.read(path)`, with read failures as `UnreadableFileError`."""
+    try:
+        return source.read(path)
+    except FileNotFoundError:
+        raise UnreadableFileError(path, "the file disappeared since indexing") from None
+    except ObjectFetchError as e:
+        raise UnreadableFileError(path, e.reason) from None
+    except OSError as e:
+        raise UnreadableFileError(path, f"read failed ({e})") from None
+
+
+class CheckedBytes:
+    """Checked bytes for DALI; `rgba` expands alpha the way libpng does (Pillow)."""
+
+    io = True
+
+    def __init__(self, source, rgba: bool = False):
+        self.source = source
+        self.rgba = rgba
+
+    def __call__(self, path: str) -> bytes:
+        return prepare(read_bytes(self.source, path), path, rgba=self.rgba)
+
+    def release(self, item: Any) -> None:
+        pass
+
+
+class RawBytes:
+    """Unchecked bytes, for a decoder whose failures are audited (TF's kernels)."""
+
+    io = True
+
+    def __init__(self, source):
+        self.source = source
+
+    def __call__(self, path: str) -> bytes:
+        return read_bytes(self.source, path)
+
+    def release(self, item: Any) -> None:
+        pass
+
+
+class Paths:
+    """The path itself: the decoder reads the file (TF, on a local disk)."""
+
+    io = False
+
+    def __call__(self, path: str) -> str:
+        return path
+
+    def release(self, item: Any) -> None:
+        pass
+
+
+class PinnedOrBytes:
+    """A pinned verified cache entry when there is one, else the (cached) bytes."""
+
+    io = True
+
+    def __init__(self, source):
+        self.source = source
+
+    def __call__(self, path: str) -> Pinned | bytes:
+        where = self.source.pin(path)
+        if where is not None:
+            return Pinned(*where)
+        return read_bytes(self.source, path)
+
+    def release(self, item: Any) -> None:
+        if isinstance(item, Pinned):
+            self.source.unpin(item.file)

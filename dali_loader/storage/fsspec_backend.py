@@ -1,0 +1,58 @@
+"""Any fsspec filesystem (s3://, az://, memory://, ...) behind
+:class:`~dali_loader.storage.remote.RemoteSource`."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Iterator
+
+if TYPE_CHECKING:
+    from dali_loader.storage.objects import ObjectInfo
+
+
+class FsspecBackend:
+    """Any fsspec filesystem (s3://, az://, memory://, ...)."""
+
+    def __init__(self, scheme: str, bucket: str):
+        import fsspec
+        from fsspec.registry import known_implementations
+
+        try:
+            self.fs = fsspec.filesystem(scheme)
+        except ImportError as e:
+            impl = known_implementations.get(scheme, {})
+            pkg = impl.get("class", scheme).split(".")[0]
+            raise ImportError(f"Reading {scheme}:// URLs needs the '{pkg}' package: pip install {pkg} "
+                              f"({impl.get('err', e)})") from e
+        except ValueError as e:
+            raise ValueError(f"Unknown URL scheme {scheme!r}; fsspec has no filesystem for it. "
+                             f"Received: scheme={scheme!r}") from e
+        self.scheme = scheme
+        self.bucket = bucket
+
+    def _path(self, name: str) -> str:
+        return self.fs._strip_protocol(f"{self.scheme}://{self.bucket}/{name}".rstrip("/"))
+
+    def iter_objects(self, prefix: str) -> Iterator[tuple[str, int, str, str | None, str | None]]:
+        root = self._path(prefix)
+        bucket_root = self._path("")
+        for path, d in sorted(self.fs.find(root, withdirs=False, detail=True).items()):
+            name = path[len(bucket_root):].lstrip("/")
+            gen = next((d[k] for k in ("generation", "VersionId", "ETag", "etag", "mtime",
+                                       "LastModified", "last_modified", "created") if d.get(k)), "")
+            yield name, int(d.get("size") or 0), str(gen), d.get("crc32c"), d.get("md5Hash")
+
+    def iter_dirs(self, prefix: str) -> list[str]:
+        root = self._path(prefix)
+        entries = self.fs.ls(root, detail=True)
+        return [e["name"].rstrip("/").rsplit("/", 1)[-1] for e in entries if e.get("type") == "directory"]
+
+    def download(self, info: ObjectInfo) -> bytes:
+        return self.fs.cat_file(self._path(info.name))
+
+    @staticmethod
+    def retryable(exc: BaseException) -> bool:
+        return not isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError,
+                                    NotADirectoryError, ValueError, ImportError, TypeError))
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,45 @@
+"""Storage URLs: which paths are remote, and `scheme://bucket/prefix` parsing (the one copy)."""
+
+from __future__ import annotations
+
+import re
+
+_SCHEME_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)://")
+
+
+def is_remote(path: object) -> bool:
+    """True for ``scheme://...`` strings other than ``file://``."""
+    if not isinstance(path, str):
+        return False
+    m = _SCHEME_RE.match(path)
+    return bool(m) and m.group(1).lower() != "file"
+
+
+def parse_url(url: str) -> tuple[str, str, str]:
+    """Split ``scheme://bucket/prefix`` into (scheme, bucket, prefix); ``gcs`` becomes ``gs``."""
+    m = _SCHEME_RE.match(url) if isinstance(url, str) else None
+    if not m or m.group(1).lower() == "file":
+        raise ValueError(f"Expected a remote URL such as gs://bucket/prefix. Received: url={url!r}")
+    scheme = m.group(1).lower()
+    scheme = "gs" if scheme == "gcs" else scheme
+    bucket, _, prefix = url[m.end():].partition("/")
+    if not bucket:
+        raise ValueError(f"The URL has no bucket name. Received: url={url!r}")
+    return scheme, bucket, prefix.strip("/")
+
+
+def unsafe_reason(rel: str) -> str | None:
+    """Why ``rel`` (a '/'-separated name under the prefix) is unusable as a dataset path."""
+    body = rel[:-1] if rel.endswith("/") else rel
+    if rel.startswith("/"):
+        return "absolute or empty leading segment"
+    segments = body.split("/")
+    if any(s == "" for s in segments):
+        return "empty path segment ('//')"
+    if any(s in (".", "..") for s in segments):
+        return "'.' or '..' segment"
+    if any(ord(c) < 32 or c == "\x7f" for c in body):
+        return "control character"
+    if "\\" in body:
+        return "backslash (ambiguous path separator)"
+    return None

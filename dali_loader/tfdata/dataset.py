@@ -1,0 +1,194 @@
+"""tf.data output: a finite, Keras-shaped `tf.data.Dataset` over a feed.
+
+Two decode paths behind one dataset:
+- DALI (`DaliBatches`, the GPU path): DALI decodes and resizes; batches cross
+  into TF through `from_generator`, one Python call per batch.
+- TensorFlow's own kernels (the CPU default): on a CPU-only machine DALI's PNG
+  decoder is no faster than TF's and its resize costs about twice as much
+  (README, "Why TF kernels on the CPU"), so the feed does the I/O (index,
+  read-ahead, gs:// cache) and TF decodes with the ops of Keras's
+  `_load_image_tf`: bit-identical to Keras, for every option. Files TF's
+  decoder rejects are dropped by `ignore_errors()` and named by the audit.
+Each iteration of the dataset is an independent epoch (TF calls the generator
+once per iterator). TensorFlow is imported lazily.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+
+import numpy as np
+
+from dali_loader.decode.dali_batches import DaliBatches
+from dali_loader.decode.dali_graph import default_num_threads
+from dali_loader.decode.spec import ImageSpec
+from dali_loader.decode.tf_kernels import decode_like_keras, read_item
+from dali_loader.errors import CorruptImageError
+from dali_loader.feed.epochs import Feed
+from dali_loader.feed.items import CheckedBytes, Paths, Pinned, PinnedOrBytes, RawBytes, read_bytes
+from dali_loader.index import Index
+from dali_loader.lazy import import_tf
+from dali_loader.storage.source import Source, SourceKind
+from dali_loader.tfdata.audit import END, AuditRegistry, Auditor
+
+TF_CHUNK = 16  # files per generator call on the TF path
+
+
+def _tiny_png() -> bytes:
+    """A valid 1x1 grey PNG: the end-of-epoch marker that rides through decode."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    ihdr = struct.pack(">IIBBBBB", 1, 1, 8, 0, 0, 0, 0)
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr)
+            + chunk(b"IDAT", zlib.compress(b"\x00\x00")) + chunk(b"IEND", b""))
+
+
+END_MARKER = _tiny_png()
+
+
+def _as_string_and_offset(item) -> tuple[bytes, int]:
+    """An item as (string, offset): a file to read from `offset` on (a local
+    path: 0; a pinned cache entry: its payload offset), or bytes (-1)."""
+    if isinstance(item, str):
+        return item.encode(), 0
+    if isinstance(item, Pinned):
+        return item.file.encode(), int(item.offset)
+    return item, -1
+
+
+def make_loader(source: Source, index: Index, spec: ImageSpec, *, batch_size: int,
+                shuffle: bool, seed: int, device: str, decoder: str | None = None,
+                num_threads: int | None = None, on_error: str = "raise",
+                max_in_flight: int = 64) -> DaliBatches | Feed:
+    """What a dataset iterates: `DaliBatches` on the GPU (or `decoder="dali"`),
+    else a `Feed` for TF's kernels. On a local disk TF reads the files; FUSE/NFS
+    mounts and URLs keep the feed's read-ahead with `max_in_flight` reads."""
+    kw = dict(shuffle=shuffle, seed=seed, on_error=on_error, max_in_flight=max_in_flight,
+              source=source)
+    if decoder == "dali" or device == "gpu":
+        feed = Feed(index, CheckedBytes(source, rgba=spec.channels == 4),
+                    chunk_size=batch_size, **kw)
+        return DaliBatches(feed, spec, device=device, num_threads=num_threads)
+    items = {SourceKind.LOCAL_DISK: Paths(), SourceKind.NETWORK_FS: RawBytes(source),
+             SourceKind.REMOTE: PinnedOrBytes(source)}[source.kind]
+    # TF batches again after decoding: small chunks let decoding start on the
+    # first files of an epoch instead of waiting for a whole batch.
+    return Feed(index, items, chunk_size=min(batch_size, TF_CHUNK), **kw)
+
+
+def to_tf_dataset(loader: DaliBatches | Feed, spec: ImageSpec, batch_size: int | None,
+                  label_mode: str | None, num_classes: int, *, num_threads: int | None = None):
+    """Wraps a loader as a finite, batched tf.data.Dataset like Keras's.
+
+    Args:
+        loader: `DaliBatches` (DALI decodes) or a `Feed` (TF's kernels decode).
+        spec: The output image spec.
+        batch_size: Images per batch, or None for single images.
+        label_mode: "int", "categorical", "binary" or None.
+        num_classes: For "categorical".
+        num_threads: TF's parallel decodes (default: cores available).
+
+    The cardinality is asserted when `on_error="raise"` (no file is left out).
+    The dataset keeps the loader in `ds._dali_loader`; `ds.close()` releases it.
+    """
+    tf = import_tf()
+    if isinstance(loader, DaliBatches):
+        ds = _dali_dataset(tf, loader, spec, batch_size)
+        feed = loader.feed
+    else:
+        ds, audits = _tf_kernel_dataset(tf, loader, spec, batch_size, num_threads)
+        feed = loader
+    if label_mode is None:
+        ds = ds.map(lambda x, y: x)
+    elif label_mode == "categorical":
+        ds = ds.map(lambda x, y: (x, tf.one_hot(y, num_classes)))
+    elif label_mode == "binary":
+        ds = ds.map(lambda x, y: (x, tf.expand_dims(tf.cast(y, "float32"), -1)))
+    if feed.on_error == "raise":
+        size = -(-feed.num_files // batch_size) if batch_size else feed.num_files
+        ds = ds.apply(tf.data.experimental.assert_cardinality(size))
+    ds = ds.prefetch(tf.data.AUTOTUNE)
+    ds._dali_loader = loader
+    if feed is loader:
+        ds._dali_audits = audits  # live iterations of the TF path (tests read it)
+    ds.close = loader.close
+    return ds
+
+
+def _dali_dataset(tf, batches: DaliBatches, spec: ImageSpec, batch_size: int | None):
+    img_dtype = tf.uint8 if spec.output_uint8 else tf.float32
+
+    def epoch():  # TF calls this once per iterator: one independent epoch each
+        for x, y in batches:
+            yield x, (np.zeros(len(x), np.int32) if y is None else y)
+
+    sig = (tf.TensorSpec((None, *spec.shape), img_dtype), tf.TensorSpec((None,), tf.int32))
+    ds = tf.data.Dataset.from_generator(epoch, output_signature=sig)
+    return ds.unbatch() if batch_size is None else ds
+
+
+def _tf_kernel_dataset(tf, feed: Feed, spec: ImageSpec, batch_size: int | None,
+                       num_threads: int | None):
+    registry = AuditRegistry()
+
+    def diagnose(path: str) -> Exception:
+        """Why TF dropped `path`: read it again, decode it eagerly."""
+        try:
+            data = read_bytes(feed.source, path)
+        except Exception as e:  # noqa: BLE001 - an UnreadableFileError or a bug: both reported
+            return e
+        try:
+            decode_like_keras(tf.constant(data), spec, tf)
+        except (tf.errors.OpError, ValueError) as e:
+            detail = str(getattr(e, "message", e)).strip().splitlines()[0][:200]
+            return CorruptImageError(path, f"TensorFlow's decoder failed on it ({detail})")
+        return RuntimeError(
+            f"{path} dropped out of TensorFlow's decode, but reads and decodes now. "
+            "It was not trained on in this epoch; please report this with the storage used."
+        )
+
+    def epoch():  # TF calls this once per iterator: one independent epoch each
+        auditor = Auditor(feed.epoch(), diagnose)
+        token = registry.open(auditor)
+        fed_out = False
+        try:
+            for chunk in auditor.chunks():
+                data, offsets = zip(*map(_as_string_and_offset, chunk.items))
+                labels = auditor.epoch.labels(chunk.positions)
+                labels = np.zeros(len(data), np.int32) if labels is None else labels
+                n = len(data)
+                yield (list(data), np.asarray(offsets, np.int64), labels,
+                       np.asarray(chunk.positions, np.int64), np.full(n, token, np.int64))
+            yield ([END_MARKER], np.asarray([-1], np.int64), np.zeros(1, np.int32),
+                   np.asarray([END], np.int64), np.asarray([token], np.int64))
+            fed_out = True
+        finally:
+            if fed_out:
+                registry.fed_out(token)
+            else:  # abandoned: stop its reads, release what it holds
+                registry.close(token)
+
+    vec = tf.TensorSpec((None,), tf.int64)
+    sig = (tf.TensorSpec((None,), tf.string), vec, tf.TensorSpec((None,), tf.int32), vec, vec)
+    ds = tf.data.Dataset.from_generator(epoch, output_signature=sig)
+    ds = ds.unbatch().map(
+        lambda data, off, y, pos, tok: (decode_like_keras(read_item(tf, data, off), spec, tf),
+                                        y, pos, tok),
+        # One decode per core (or per `num_threads`) from the first batch
+        # on: AUTOTUNE ramps up over a few batches, which short epochs feel.
+        num_parallel_calls=num_threads or default_num_threads(),
+    ).ignore_errors()
+
+    def audit(x, y, pos, tok):
+        ok = tf.py_function(registry.check, [tok[0], pos], tf.bool)
+        with tf.control_dependencies([ok]):
+            return tf.cond(  # drop the marker; no copy for the other batches
+                pos[-1] < 0,
+                lambda: (x[:-1], y[:-1]),
+                lambda: (tf.identity(x), tf.identity(y)),
+            )
+
+    ds = ds.batch(batch_size or 32).map(audit).filter(lambda x, y: tf.shape(x)[0] > 0)
+    return (ds.unbatch() if batch_size is None else ds), registry
