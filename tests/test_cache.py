@@ -70,6 +70,46 @@ def test_lru_eviction_keeps_recently_used(tmp_path):
     assert not cache.put("bkt", info("huge", b"x" * 20_000), b"x" * 20_000)  # never fits: not cached
 
 
+def test_pinned_entry_survives_eviction_and_pins_refresh_lru(tmp_path):
+    cache = DiskCache(str(tmp_path), max_bytes=10_000, touch_interval_s=0)
+    objs = [info(f"p{i}", bytes([i]) * 1000) for i in range(8)]
+    for i, o in enumerate(objs):
+        cache.put("bkt", o, bytes([i]) * 1000)
+        time.sleep(0.002)
+    pinned, offset = cache.pin("bkt", objs[0])  # the oldest entry, now held by a reader
+    assert cache.pin("bkt", info("never", b"n")) is None  # not cached: no pin
+    cache.evict(0)  # another writer makes room: every entry goes
+    assert cache.get("bkt", objs[0]) is None
+    with open(pinned, "rb") as f:  # the reader still gets the verified bytes
+        f.seek(offset)
+        assert f.read() == bytes([0]) * 1000
+    cache.unpin(pinned)
+    assert not os.path.exists(pinned)
+    cache.unpin(pinned)  # idempotent
+
+    for i, o in enumerate(objs):  # a pin is a hit: it refreshes the LRU order
+        cache.put("bkt", o, bytes([i]) * 1000)
+        time.sleep(0.002)
+    cache.unpin(cache.pin("bkt", objs[0])[0])
+    cache.evict(4_500)
+    assert cache.get("bkt", objs[0]) is not None  # pinned last: kept
+    assert cache.get("bkt", objs[1]) is None
+
+
+def test_pins_of_a_killed_process_are_removed(tmp_path):
+    pins = tmp_path / "v1" / "pins"
+    (pins / "999999999.deadbeef").mkdir(parents=True)
+    (pins / "999999999.deadbeef" / "x.0").write_bytes(b"x")
+    cache = DiskCache(str(tmp_path), max_bytes=10_000)
+    assert sorted(os.listdir(pins)) == []
+    o = info("a", b"a" * 10)
+    cache.put("bkt", o, b"a" * 10)
+    cache.pin("bkt", o)
+    assert len(os.listdir(pins)) == 1
+    cache.close()  # an instance's own pins go with it
+    assert os.listdir(pins) == []
+
+
 def test_dataset_larger_than_cache(tmp_path, monkeypatch):
     files = write_random_tree(str(tmp_path / "local"), per_class=20, size=(3000, 3000), seed=9)
     total = sum(len(v) for v in files.values())

@@ -98,6 +98,10 @@ class DaliBatches:
         return self.feed.num_files
 
     @property
+    def source(self):
+        return self.feed.source
+
+    @property
     def skipped(self) -> dict[str, str]:
         return self.feed.skipped
 

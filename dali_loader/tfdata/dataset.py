@@ -16,6 +16,7 @@ once per iterator). TensorFlow is imported lazily.
 from __future__ import annotations
 
 import struct
+import weakref
 import zlib
 
 import numpy as np
@@ -117,30 +118,64 @@ def to_tf_dataset(loader: DaliBatches | Feed, spec: ImageSpec, batch_size: int |
     return ds
 
 
-def _dali_dataset(tf, batches: DaliBatches, spec: ImageSpec, batch_size: int | None):
-    img_dtype = tf.uint8 if spec.output_uint8 else tf.float32
+def _weakly(obj, method: str, default):
+    """`obj.method`, called through a weak reference.
 
-    def epoch():  # TF calls this once per iterator: one independent epoch each
-        for x, y in batches:
+    TF keeps every py_function of a tf.data pipeline alive for the life of the
+    process (they are registered on the outermost graph, see `script_ops`), so
+    a function that held the loader would keep its pools, cache pins and DALI
+    pipelines forever. The dataset object holds the loader instead; every
+    dataset derived from it, and every iterator, keeps it alive.
+    """
+    ref = weakref.ref(obj)
+
+    def call(*args):
+        target = ref()
+        return default() if target is None else getattr(target, method)(*args)
+
+    return call
+
+
+class _DaliEpochs:
+    """What the DALI path's generator calls, once per iterator."""
+
+    def __init__(self, batches: DaliBatches):
+        self.batches = batches
+
+    def epoch(self):
+        for x, y in self.batches:
             yield x, (np.zeros(len(x), np.int32) if y is None else y)
 
+
+def _dali_dataset(tf, batches: DaliBatches, spec: ImageSpec, batch_size: int | None):
+    img_dtype = tf.uint8 if spec.output_uint8 else tf.float32
+    epochs = _DaliEpochs(batches)
     sig = (tf.TensorSpec((None, *spec.shape), img_dtype), tf.TensorSpec((None,), tf.int32))
-    ds = tf.data.Dataset.from_generator(epoch, output_signature=sig)
+    # TF calls the generator once per iterator: one independent epoch each.
+    ds = tf.data.Dataset.from_generator(_weakly(epochs, "epoch", lambda: iter(())),
+                                        output_signature=sig)
+    ds._dali_epochs = epochs  # held by every dataset and iterator derived from it
     return ds.unbatch() if batch_size is None else ds
 
 
-def _tf_kernel_dataset(tf, feed: Feed, spec: ImageSpec, batch_size: int | None,
-                       num_threads: int | None):
-    registry = AuditRegistry()
+class _TFKernelEpochs:
+    """What the TF path's generator and audit call: one `Auditor` per iterator."""
 
-    def diagnose(path: str) -> Exception:
+    def __init__(self, tf, feed: Feed, spec: ImageSpec):
+        self.tf = tf
+        self.feed = feed
+        self.spec = spec
+        self.registry = AuditRegistry()
+
+    def diagnose(self, path: str) -> Exception:
         """Why TF dropped `path`: read it again, decode it eagerly."""
+        tf = self.tf
         try:
-            data = read_bytes(feed.source, path)
+            data = read_bytes(self.feed.source, path)
         except Exception as e:  # noqa: BLE001 - an UnreadableFileError or a bug: both reported
             return e
         try:
-            decode_like_keras(tf.constant(data), spec, tf)
+            decode_like_keras(tf.constant(data), self.spec, tf)
         except (tf.errors.OpError, ValueError) as e:
             detail = str(getattr(e, "message", e)).strip().splitlines()[0][:200]
             return CorruptImageError(path, f"TensorFlow's decoder failed on it ({detail})")
@@ -149,8 +184,9 @@ def _tf_kernel_dataset(tf, feed: Feed, spec: ImageSpec, batch_size: int | None,
             "It was not trained on in this epoch; please report this with the storage used."
         )
 
-    def epoch():  # TF calls this once per iterator: one independent epoch each
-        auditor = Auditor(feed.epoch(), diagnose)
+    def epoch(self):
+        registry = self.registry
+        auditor = Auditor(self.feed.epoch(), self.diagnose)
         token = registry.open(auditor)
         fed_out = False
         try:
@@ -158,9 +194,9 @@ def _tf_kernel_dataset(tf, feed: Feed, spec: ImageSpec, batch_size: int | None,
                 data, offsets = zip(*map(_as_string_and_offset, chunk.items))
                 labels = auditor.epoch.labels(chunk.positions)
                 labels = np.zeros(len(data), np.int32) if labels is None else labels
-                n = len(data)
                 yield (list(data), np.asarray(offsets, np.int64), labels,
-                       np.asarray(chunk.positions, np.int64), np.full(n, token, np.int64))
+                       np.asarray(chunk.positions, np.int64),
+                       np.full(len(data), token, np.int64))
             yield ([END_MARKER], np.asarray([-1], np.int64), np.zeros(1, np.int32),
                    np.asarray([END], np.int64), np.asarray([token], np.int64))
             fed_out = True
@@ -170,9 +206,19 @@ def _tf_kernel_dataset(tf, feed: Feed, spec: ImageSpec, batch_size: int | None,
             else:  # abandoned: stop its reads, release what it holds
                 registry.close(token)
 
+    def check(self, token, positions) -> bool:
+        return self.registry.check(token, positions)
+
+
+def _tf_kernel_dataset(tf, feed: Feed, spec: ImageSpec, batch_size: int | None,
+                       num_threads: int | None):
+    epochs = _TFKernelEpochs(tf, feed, spec)
     vec = tf.TensorSpec((None,), tf.int64)
     sig = (tf.TensorSpec((None,), tf.string), vec, tf.TensorSpec((None,), tf.int32), vec, vec)
-    ds = tf.data.Dataset.from_generator(epoch, output_signature=sig)
+    # TF calls the generator once per iterator: one independent epoch each.
+    ds = tf.data.Dataset.from_generator(_weakly(epochs, "epoch", lambda: iter(())),
+                                        output_signature=sig)
+    ds._dali_epochs = epochs  # held by every dataset and iterator derived from it
     ds = ds.unbatch().map(
         lambda data, off, y, pos, tok: (decode_like_keras(read_item(tf, data, off), spec, tf),
                                         y, pos, tok),
@@ -180,9 +226,10 @@ def _tf_kernel_dataset(tf, feed: Feed, spec: ImageSpec, batch_size: int | None,
         # on: AUTOTUNE ramps up over a few batches, which short epochs feel.
         num_parallel_calls=num_threads or default_num_threads(),
     ).ignore_errors()
+    check = _weakly(epochs, "check", lambda: True)
 
     def audit(x, y, pos, tok):
-        ok = tf.py_function(registry.check, [tok[0], pos], tf.bool)
+        ok = tf.py_function(check, [tok[0], pos], tf.bool)
         with tf.control_dependencies([ok]):
             return tf.cond(  # drop the marker; no copy for the other batches
                 pos[-1] < 0,
@@ -191,4 +238,4 @@ def _tf_kernel_dataset(tf, feed: Feed, spec: ImageSpec, batch_size: int | None,
             )
 
     ds = ds.batch(batch_size or 32).map(audit).filter(lambda x, y: tf.shape(x)[0] > 0)
-    return (ds.unbatch() if batch_size is None else ds), registry
+    return (ds.unbatch() if batch_size is None else ds), epochs.registry
