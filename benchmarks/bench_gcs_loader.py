@@ -25,7 +25,7 @@ that decoding does not use, as on a machine whose CPUs idle while the GPU waits.
 
 The bound of the first epoch is min(decode-only rate, max_in_flight / latency). Last, a fresh
 child process lists ``--listing`` synthetic objects (``gs://b/synthetic``) and builds the loader's
-index (``storage.source.open_source`` + ``index.build_index``, no decode) and reports its RSS growth.
+index (``api.open_index``: ``open_source`` + ``build_index``, no decode) and reports its RSS growth.
 """
 
 from __future__ import annotations
@@ -57,18 +57,16 @@ SIZE = (244, 244)
 _RSS_CHILD = r"""
 import gc, json, sys
 import google.cloud.storage  # imports and first client outside the measured span
-from dali_loader.index import build_index
-from dali_loader.storage.source import open_source
+from dali_loader.api import open_index
 
 def kib(field):  # VmRSS: now; VmHWM: peak of this process
     return int(open("/proc/self/status").read().split(field + ":")[1].split()[0])
 
 cache = sys.argv[1]
-open_source("gs://b/data", cache_dir=cache).close()  # warm the code paths on a small listing
+open_index("gs://b/data", cache_dir=cache)[0].close()  # warm the code paths on a small listing
 gc.collect()
 base = kib("VmRSS")
-listing = open_source("gs://b/synthetic", cache_dir=cache)
-index = build_index(listing.root, listing.rel_files, listing.subdirs, shuffle=True, seed=1, join=listing.join)
+listing, index = open_index("gs://b/synthetic", cache_dir=cache, shuffle=True, seed=1)
 gc.collect()
 print(json.dumps({"objects": len(listing.rel_files), "indexed": len(index), "base_kib": base,
                   "after_kib": kib("VmRSS"), "peak_kib": kib("VmHWM")}))

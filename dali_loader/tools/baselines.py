@@ -21,20 +21,15 @@ import os
 import threading
 from typing import Sequence
 
+from dali_loader.args import positive_int
+from dali_loader.lazy import import_tf
+from dali_loader.storage.gcs import make_client
+from dali_loader.storage.urls import parse_url
+
 logger = logging.getLogger(__name__)
 
-__all__ = ["seed_pipeline", "tuned_pipeline", "list_pngs", "infer_class_names", "gcs_client"]
-
-_TF_HINT = "The tf.data baselines need TensorFlow: `pip install tensorflow`."
-_GCS_HINT = "gs:// baselines need google-cloud-storage: `pip install google-cloud-storage`."
-
-
-def _tf():
-    try:
-        import tensorflow as tf
-    except ImportError as exc:  # pragma: no cover - environment dependent
-        raise ImportError(_TF_HINT) from exc
-    return tf
+__all__ = ["seed_pipeline", "tuned_pipeline", "list_pngs", "infer_class_names", "gcs_client",
+           "gcs_get"]
 
 
 def _is_gcs(source: str) -> bool:
@@ -42,40 +37,33 @@ def _is_gcs(source: str) -> bool:
 
 
 def _split_gs(url: str) -> tuple[str, str]:
-    rest = url[len("gs://"):]
-    bucket, _, prefix = rest.partition("/")
-    if not bucket:
-        raise ValueError(f"Expected gs://bucket/prefix. Received: source={url!r}")
-    return bucket, prefix.strip("/")
+    """(bucket, prefix) of a ``gs://`` URL."""
+    _, bucket, prefix = parse_url(url)
+    return bucket, prefix
 
 
 _local = threading.local()
 
 
 def gcs_client():
-    """Returns this thread's google-cloud-storage client (emulator-aware, anonymous fallback).
+    """Returns this thread's google-cloud-storage client (``storage.gcs.make_client``).
 
     One client per thread: a shared client's connection pool (10 connections) would throttle
-    and churn under many concurrent GETs.
+    and churn under many concurrent GETs. A new ``STORAGE_EMULATOR_HOST`` gets a new client.
     """
     emulator = os.environ.get("STORAGE_EMULATOR_HOST")
     cached = getattr(_local, "client", None)
-    if cached is not None and cached[0] == emulator:  # a new emulator needs a new client
+    if cached is not None and cached[0] == emulator:
         return cached[1]
-    try:
-        from google.auth.credentials import AnonymousCredentials
-        from google.cloud import storage
-    except ImportError as exc:  # pragma: no cover
-        raise ImportError(_GCS_HINT) from exc
-    if emulator:
-        client = storage.Client(project="emulator", credentials=AnonymousCredentials())
-    else:
-        try:
-            client = storage.Client()
-        except Exception:  # no ADC: public buckets still work anonymously
-            client = storage.Client.create_anonymous_client()
+    client = make_client()
     _local.client = (emulator, client)
     return client
+
+
+def gcs_get(url: str) -> bytes:
+    """One GET of the object at ``gs://bucket/name`` on this thread's client."""
+    bucket, name = _split_gs(url)
+    return gcs_client().bucket(bucket).blob(name).download_as_bytes()
 
 
 def list_pngs(source: str) -> list[str]:
@@ -97,21 +85,31 @@ def list_pngs(source: str) -> list[str]:
     return sorted(out)
 
 
+def _class_names(paths: Sequence[str]) -> list[str]:
+    return sorted({p.rstrip("/").split("/")[-2] for p in paths})
+
+
 def infer_class_names(source: str) -> list[str]:
     """Class names as the TF tutorial the seed follows computes them: sorted first-level folders."""
-    return sorted({p.rstrip("/").split("/")[-2] for p in list_pngs(source)})
+    return _class_names(list_pngs(source))
+
+
+def _list_dataset(data_dir: str, class_names: Sequence[str] | None
+                  ) -> tuple[str, list[str], Sequence[str]]:
+    """(``data_dir`` without a trailing '/', its ``class/*.png`` files, the class names)."""
+    data_dir = str(data_dir).rstrip("/")
+    paths = list_pngs(data_dir)
+    if not paths:
+        raise ValueError(f"No .png files under {data_dir}/*/. Received: data_dir={data_dir!r}")
+    return data_dir, paths, _class_names(paths) if class_names is None else class_names
 
 
 def _gcs_read_fn():
     """A graph function reading one ``gs://`` URL with one GET (stands in for tf.io.read_file)."""
-    tf = _tf()
-
-    def _get(url) -> bytes:
-        bucket, name = _split_gs(url.numpy().decode())
-        return gcs_client().bucket(bucket).blob(name).download_as_bytes()
+    tf = import_tf()
 
     def read(path):
-        data = tf.py_function(_get, [path], tf.string)
+        data = tf.py_function(lambda url: gcs_get(url.numpy().decode()), [path], tf.string)
         data.set_shape([])
         return data
 
@@ -119,7 +117,7 @@ def _gcs_read_fn():
 
 
 def _read_fn(source: str):
-    tf = _tf()
+    tf = import_tf()
     return _gcs_read_fn() if _is_gcs(source) else tf.io.read_file
 
 
@@ -144,19 +142,13 @@ def seed_pipeline(
     Returns:
         ``(train_ds, val_ds)``: batches of float32 ``(N, H, W, 3)`` images and int64 labels.
     """
-    if batch_size <= 0:
-        raise ValueError(f"batch_size must be positive. Received: batch_size={batch_size}")
+    positive_int("batch_size", batch_size)
     if len(image_size) != 2:
         raise ValueError(f"image_size must be (height, width). Received: image_size={image_size}")
-    tf = _tf()
+    tf = import_tf()
     import numpy as np
 
-    data_dir = str(data_dir).rstrip("/")
-    listed = list_pngs(data_dir)
-    if not listed:
-        raise ValueError(f"No .png files under {data_dir}/*/. Received: data_dir={data_dir!r}")
-    if class_names is None:
-        class_names = sorted({p.split("/")[-2] for p in listed})
+    data_dir, listed, class_names = _list_dataset(data_dir, class_names)
     class_names = np.array(list(class_names))
     read_file = _read_fn(data_dir)
     size = [int(image_size[0]), int(image_size[1])]
@@ -223,19 +215,10 @@ def tuned_pipeline(
     Returns:
         A ``tf.data.Dataset`` of (float32 ``(N, H, W, 3)``, int32 ``(N,)``) batches.
     """
-    if read_parallelism <= 0:
-        raise ValueError(
-            f"read_parallelism must be positive. Received: read_parallelism={read_parallelism}"
-        )
-    if batch_size <= 0:
-        raise ValueError(f"batch_size must be positive. Received: batch_size={batch_size}")
-    tf = _tf()
-    data_dir = str(data_dir).rstrip("/")
-    paths = list_pngs(data_dir)
-    if not paths:
-        raise ValueError(f"No .png files under {data_dir}/*/. Received: data_dir={data_dir!r}")
-    if class_names is None:
-        class_names = sorted({p.split("/")[-2] for p in paths})
+    positive_int("read_parallelism", read_parallelism)
+    positive_int("batch_size", batch_size)
+    tf = import_tf()
+    data_dir, paths, class_names = _list_dataset(data_dir, class_names)
     index = {c: i for i, c in enumerate(class_names)}
     labels = [index[p.split("/")[-2]] for p in paths]
     read_file = _read_fn(data_dir)

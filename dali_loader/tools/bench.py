@@ -18,10 +18,13 @@ import statistics
 import time
 from typing import Any, Callable, Iterable, Sequence
 
+from dali_loader.args import positive_int
+from dali_loader.decode.devices import dali_gpu_count
+
 logger = logging.getLogger(__name__)
 
 __all__ = ["RunStats", "timed_epoch", "input_bound_class", "summarize", "run_bench",
-           "write_results", "plot_throughput", "write_tensorboard", "gpu_available"]
+           "write_results", "plot_throughput", "write_tensorboard"]
 
 
 @dataclasses.dataclass
@@ -143,16 +146,6 @@ def summarize(runs: Sequence[RunStats]) -> list[dict[str, Any]]:
     return out
 
 
-def gpu_available() -> bool:
-    """True when DALI sees a CUDA device."""
-    try:
-        from nvidia.dali.backend import GetCUDADeviceCount
-
-        return GetCUDADeviceCount() > 0
-    except Exception:
-        return False
-
-
 def _pipelines(source: str, batch_size: int, image_size: Sequence[int],
                cache_dir: str | None, include: Sequence[str] | None
                ) -> tuple[dict[str, Any], dict[str, str], list[Any]]:
@@ -168,7 +161,7 @@ def _pipelines(source: str, batch_size: int, image_size: Sequence[int],
     if want("tuned"):
         pipes["tuned"] = tuned_pipeline(source, batch_size=batch_size, image_size=image_size,
                                         seed=0)
-    devices = ["cpu"] + (["gpu"] if gpu_available() else [])
+    devices = ["cpu"] + (["gpu"] if dali_gpu_count() > 0 else [])
     for dev in devices:
         name = f"loader-{dev}"
         if not want(name) and not want("loader"):
@@ -202,10 +195,8 @@ def run_bench(source: str, *, step_time: float = 0.0, batch_size: int = 128,
     Returns:
         A JSON-ready dict: settings, every run, the per-pipeline summary and skipped rows.
     """
-    if rounds <= 0:
-        raise ValueError(f"rounds must be positive. Received: rounds={rounds}")
-    if max_batches is not None and max_batches <= 0:
-        raise ValueError(f"max_batches must be positive. Received: max_batches={max_batches}")
+    positive_int("rounds", rounds)
+    positive_int("max_batches", max_batches, allow_none=True)
     import tempfile
 
     tmp = None
@@ -234,7 +225,7 @@ def run_bench(source: str, *, step_time: float = 0.0, batch_size: int = 128,
             tmp.cleanup()
     return {"source": str(source), "step_time": step_time, "batch_size": batch_size,
             "image_size": list(image_size), "rounds": rounds, "max_batches": max_batches,
-            "cores": os.cpu_count() or 1, "gpu": gpu_available(),
+            "cores": os.cpu_count() or 1, "gpu": dali_gpu_count() > 0,
             "runs": [r.to_dict() for r in runs], "summary": summarize(runs), "skipped": skipped}
 
 

@@ -25,13 +25,16 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Sequence
 
+from dali_loader.args import positive_int
+from dali_loader.index import ALLOWLIST_FORMATS
+from dali_loader.storage.urls import parse_url
+
 logger = logging.getLogger(__name__)
 
 __all__ = ["Measurements", "verdict", "run_diagnose", "format_report", "interp_rate",
            "list_objects_raw", "make_fetcher", "LEVELS"]
 
 LEVELS = (1, 8, 32, 128)
-IMAGE_EXTS = (".bmp", ".gif", ".jpeg", ".jpg", ".png")
 
 
 @dataclasses.dataclass
@@ -163,17 +166,16 @@ def list_objects_raw(source: str) -> list[tuple[str, int]]:
     if source.startswith("gs://"):
         from dali_loader.tools.baselines import gcs_client
 
-        bucket, _, prefix = source[5:].partition("/")
-        pre = prefix.strip("/") + "/" if prefix.strip("/") else ""
-        blobs = gcs_client().list_blobs(bucket, prefix=pre)
+        _, bucket, prefix = parse_url(source)
+        blobs = gcs_client().list_blobs(bucket, prefix=f"{prefix}/" if prefix else "")
         return [(f"gs://{bucket}/{b.name}", int(b.size or 0)) for b in blobs
-                if b.name.lower().endswith(IMAGE_EXTS)]
+                if b.name.lower().endswith(ALLOWLIST_FORMATS)]
     if not os.path.isdir(source):
         raise FileNotFoundError(f"No such directory: {source}")
     out = []
     for dirpath, _, files in os.walk(source):
         for f in files:
-            if f.lower().endswith(IMAGE_EXTS):
+            if f.lower().endswith(ALLOWLIST_FORMATS):
                 p = os.path.join(dirpath, f)
                 out.append((p, os.path.getsize(p)))
     return sorted(out)
@@ -182,12 +184,9 @@ def list_objects_raw(source: str) -> list[tuple[str, int]]:
 def make_fetcher(source: str) -> Callable[[str], bytes]:
     """A thread-safe ``fetch(path_or_url) -> bytes``: one GET per object, or one file read."""
     if str(source).startswith("gs://"):
-        from dali_loader.tools.baselines import gcs_client
+        from dali_loader.tools.baselines import gcs_get
 
-        def fetch(url: str) -> bytes:
-            bucket, _, name = url[5:].partition("/")
-            return gcs_client().bucket(bucket).blob(name).download_as_bytes()
-        return fetch
+        return gcs_get
 
     def read(path: str) -> bytes:
         with open(path, "rb") as f:
@@ -308,10 +307,8 @@ def run_diagnose(source: str, *, step_time: float = 0.0, batch_size: int = 32,
     """
     if step_time < 0:
         raise ValueError(f"step_time must be >= 0. Received: step_time={step_time}")
-    if batch_size <= 0:
-        raise ValueError(f"batch_size must be positive. Received: batch_size={batch_size}")
-    if sample <= 0:
-        raise ValueError(f"sample must be positive. Received: sample={sample}")
+    positive_int("batch_size", batch_size)
+    positive_int("sample", sample)
     if len(image_size) != 2 or min(image_size) <= 0:
         raise ValueError(f"image_size must be (height, width) > 0. Received: image_size={image_size}")
     cores = os.cpu_count() or 1

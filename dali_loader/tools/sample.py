@@ -16,6 +16,8 @@ from typing import Sequence
 
 import numpy as np
 
+from dali_loader.args import positive_int
+
 logger = logging.getLogger(__name__)
 
 __all__ = ["make_sample_dataset", "source_images"]
@@ -121,10 +123,8 @@ def make_sample_dataset(
     Raises:
         ValueError: on a non-positive count or size.
     """
-    if num_images <= 0:
-        raise ValueError(f"num_images must be positive. Received: num_images={num_images}")
-    if num_classes <= 0:
-        raise ValueError(f"num_classes must be positive. Received: num_classes={num_classes}")
+    positive_int("num_images", num_images)
+    positive_int("num_classes", num_classes)
     if len(size) != 2 or min(size) <= 0:
         raise ValueError(f"size must be (height, width) > 0. Received: size={size}")
     Image = _require_pillow()
