@@ -210,3 +210,21 @@ def test_unexpected_loader_error_is_raised_not_an_epoch_cut_short(id_tree, on_er
             pass
     feed.items = real_items
     assert sum(int(b.shape[0]) for b in ds) == 23  # and the next epoch is whole again
+
+
+@pytest.mark.parametrize("decoder", ["tf", "dali"])
+def test_file_deleted_after_indexing_is_a_read_error(id_tree, tmp_path, decoder):
+    """TF reads local files itself on the TF path: a file gone since indexing drops out
+    of its decode; the audit reads it again and reports a read error, not a bad image."""
+    root = tmp_path / "t"
+    shutil.copytree(id_tree, root)
+    kw = dict(label_mode=None, image_size=(8, 8), batch_size=4, shuffle=False, decoder=decoder)
+    ds = ours(str(root), **kw)
+    skip = ours(str(root), on_error="skip", **kw)
+    gone = root / "odd" / "007.png"
+    gone.unlink()
+    with pytest.raises(tf.errors.OpError, match="Cannot read .*007.png: the file disappeared"):
+        for _ in ds:
+            pass
+    assert sum(int(b.shape[0]) for b in skip) == 22
+    assert skip._dali_loader.skipped == {str(gone): "the file disappeared since indexing"}

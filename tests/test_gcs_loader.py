@@ -94,19 +94,26 @@ def test_split_and_shuffle_match_local(photo_tree, gcs, tmp_path):
     np.testing.assert_array_equal(rx, lx)
 
 
-def test_object_that_keeps_failing_is_named_or_skipped(id_tree, gcs, tmp_path, caplog):
+@pytest.mark.parametrize("decoder", ["tf", "dali"])
+def test_object_that_keeps_failing_is_a_read_error_not_a_bad_image(id_tree, gcs, tmp_path,
+                                                                   caplog, decoder):
     server = gcs(id_tree)
     server.fail_names["odd/005.png"] = 503
-    kw = dict(image_size=(8, 8), batch_size=4, shuffle=False, label_mode=None, verbose=False)
+    kw = dict(image_size=(8, 8), batch_size=4, shuffle=False, label_mode=None, verbose=False,
+              decoder=decoder)
     ds = ours("gs://b", cache_dir=str(tmp_path / "c1"), **kw)
-    with pytest.raises(tf.errors.OpError, match="gs://b/odd/005.png"):
+    with pytest.raises(tf.errors.OpError, match="Cannot read gs://b/odd/005.png") as err:
         for _ in ds:
             pass
+    assert "Cannot load image file" not in str(err.value)  # not reported as a corrupt image
     caplog.set_level(logging.WARNING)
     ds = ours("gs://b", cache_dir=str(tmp_path / "c2"), on_error="skip", **kw)
     ids = sorted(int(round(float(x[0, 0, 0]) / 10)) for b in ds for x in b.numpy())
     assert ids == [i for i in range(23) if i != 5]
     assert any("gs://b/odd/005.png" in r.getMessage() for r in caplog.records)
+    report = ds._dali_loader.feed.report if decoder == "dali" else ds._dali_loader.report
+    assert list(report.of_kind("unreadable")) == ["gs://b/odd/005.png"]
+    assert report.of_kind("corrupt") == {}
 
 
 def test_kill9_during_prefetch_then_epoch_is_bit_identical(photo_tree, gcs, tmp_path):

@@ -258,7 +258,7 @@ def _measure_loader(source: str, batch_size: int, image_size: Sequence[int], max
         except Exception as exc:  # report, don't crash the diagnosis
             return None, None, f"{type(exc).__name__}: {exc}"
         loader = dataset._dali_loader
-        dev = getattr(loader, "device", device or "auto")
+        dev = getattr(loader, "device", "cpu")  # a Feed: TF kernels on the CPU
         try:
             for _ in dataset.take(2):  # warm-up: a process's first epoch runs slow
                 pass
