@@ -96,16 +96,35 @@ def _pad_geometry(dali, img, th: int, tw: int):
     return fn.stack(rh, rw), fn.stack(ph, pw)
 
 
+def _decode(dali, encoded, gpu: bool, output_type):
+    """`fn.decoders.image` configured like TF's decoders.
+
+    - `adjust_orientation=False`: TF (and so Keras) ignores the EXIF orientation
+      tag; DALI would rotate/flip by it.
+    - `use_fast_idct=True`: TF's `decode_jpeg` default is libjpeg's fast integer
+      IDCT (JDCT_IFAST); with it DALI's CPU (libjpeg-turbo) decode of a JPEG is
+      bit-identical to TF's. On the GPU it only affects JPEGs that nvJPEG hands
+      back to the CPU.
+    - `jpeg_fancy_upsampling=True` on the GPU: libjpeg (TF, and DALI's CPU
+      decoder, which ignores the flag) interpolates subsampled chroma ("fancy
+      upsampling"); nvJPEG by default replicates it, which differs at colour
+      edges. The flag only matters for the `mixed` decoder.
+    """
+    kw = dict(output_type=output_type, adjust_orientation=False, use_fast_idct=True)
+    if gpu:
+        return dali.fn.decoders.image(encoded, device="mixed", jpeg_fancy_upsampling=True, **kw)
+    return dali.fn.decoders.image(encoded, device="cpu", **kw)
+
+
 def image_graph(dali, encoded, spec: ImageSpec, gpu: bool):
     """Builds decode -> colour -> crop/pad -> resize on DataNode `encoded`."""
     fn, t = dali.fn, dali.types
-    decode_dev = "mixed" if gpu else "cpu"
     if spec.channels == 4:
-        img = _to_rgba(dali, fn.decoders.image(encoded, device="cpu", output_type=t.ANY_DATA))
+        img = _to_rgba(dali, _decode(dali, encoded, gpu=False, output_type=t.ANY_DATA))
         if gpu:
             img = img.gpu()
     else:
-        img = fn.decoders.image(encoded, device=decode_dev, output_type=t.RGB)
+        img = _decode(dali, encoded, gpu=gpu, output_type=t.RGB)
         if spec.channels == 1:
             img = _to_gray(dali, img)
     interp, antialias = _interp(dali, spec.interpolation)

@@ -84,23 +84,104 @@ def gif_to_png(data: bytes) -> bytes:
     return out.getvalue()
 
 
+def _png_chunk(data: bytes, ctype: bytes) -> bytes | None:
+    """The payload of the first `ctype` chunk before IDAT (chunks already CRC-checked)."""
+    pos = len(PNG_SIGNATURE)
+    while pos + 8 <= len(data):
+        length, kind = struct.unpack(">I4s", data[pos : pos + 8])
+        if kind == ctype:
+            return data[pos + 8 : pos + 8 + length]
+        if kind in (b"IDAT", b"IEND"):
+            return None
+        pos += 12 + length
+    return None
+
+
 def _png_needs_rgba_help(data: bytes) -> bool:
-    """True for PNGs whose alpha DALI's any-channel decode drops or rejects.
+    """True for PNGs whose RGBA DALI's any-channel decode does not give like TF.
 
-    Grey+alpha (colour type 4), palette and grey images, and any image with a
-    tRNS chunk: their alpha comes from libpng's expansion, which Pillow repeats.
+    Grey, grey+alpha and palette images, any image with a tRNS chunk (DALI drops
+    or rejects that alpha) and 16-bit images (DALI rounds to 8 bits, libpng as TF
+    calls it keeps the high byte).
     """
-    color = data[25]
-    return color in (0, 3, 4) or b"tRNS" in data[: data.find(b"IDAT")]
+    depth, color = data[24], data[25]
+    return color in (0, 3, 4) or depth == 16 or _png_chunk(data, b"tRNS") is not None
 
 
-def to_rgba_png(data: bytes) -> bytes:
-    """Re-encodes an image as an uncompressed 8-bit RGBA PNG with Pillow."""
+def _rgb16_low_bytes(data: bytes):
+    """The low bytes of a 16-bit RGB PNG's samples (Pillow keeps only the high ones)."""
     from PIL import Image
 
     with Image.open(io.BytesIO(data)) as im:
-        out = io.BytesIO()
-        im.convert("RGBA").save(out, format="PNG", compress_level=0)
+        im.tile = [
+            t._replace(args="RGB;16L") if hasattr(t, "_replace") else (*t[:3], "RGB;16L")
+            for t in im.tile
+        ]
+        im.load()
+        return im.copy()
+
+
+def decode_rgba_like_tf(data: bytes):
+    """Decodes a PNG to what `tf.io.decode_png(data, channels=4)` returns (HxWx4 uint8).
+
+    TF asks libpng for: palette -> RGB, grey bit depths 1/2/4 expanded to 8 by bit
+    replication, grey -> RGB without gamma, 16-bit samples stripped to their high
+    byte, tRNS -> alpha (0 for the transparent colour, else full), and where the
+    image has no alpha, a filler of `(1 << bit_depth) - 1` after the colour. For
+    bit depths below 8 that filler is not expanded: alpha is 1, 3 or 15.
+    """
+    import numpy as np
+    from PIL import Image
+
+    depth, color = data[24], data[25]
+    trns = _png_chunk(data, b"tRNS")
+    filler = ((1 << depth) - 1) & 0xFF
+    with Image.open(io.BytesIO(data)) as im:
+        im.load()
+        if color == 0:  # grey 1/2/4/8/16: raw samples, then libpng's expansion
+            if im.mode == "1":
+                raw = np.asarray(im).astype(np.uint32)
+            elif depth < 8:  # Pillow replicates bits like libpng: raw = L / (255 / max)
+                raw = np.asarray(im).astype(np.uint32) // (255 // ((1 << depth) - 1))
+            else:
+                raw = np.asarray(im).astype(np.uint32)
+            if depth == 16:
+                grey = raw >> 8
+            else:
+                grey = raw * (255 // ((1 << depth) - 1))
+            if trns is not None and len(trns) >= 2:
+                key = int.from_bytes(trns[:2], "big") & ((1 << depth) - 1)
+                alpha = np.where(raw == key, 0, 255)
+            else:
+                alpha = np.full_like(raw, filler)
+            out = np.stack([grey, grey, grey, alpha], -1).astype(np.uint8)
+        elif color == 2:  # RGB 8/16 (Pillow keeps the high byte of 16-bit samples)
+            rgb = np.asarray(im.convert("RGB"))
+            if trns is not None and len(trns) >= 6:
+                key = struct.unpack(">3H", trns[:6])
+                if depth == 16:
+                    low = np.asarray(_rgb16_low_bytes(data)).astype(np.uint32)
+                    full = (rgb.astype(np.uint32) << 8) | low
+                else:
+                    full = rgb.astype(np.uint32)
+                    key = tuple(k & 0xFF for k in key)
+                alpha = np.where((full == np.array(key, np.uint32)).all(-1), 0, 255)
+            else:
+                alpha = np.full(rgb.shape[:2], 255)
+            out = np.concatenate([rgb, alpha[..., None].astype(np.uint8)], -1)
+        else:  # palette (alpha from tRNS), grey+alpha, RGBA; 16-bit: the high byte
+            out = np.array(im.convert("RGBA"))
+            if color == 3 and trns is None:
+                out[..., 3] = filler
+    return np.ascontiguousarray(out, dtype=np.uint8)
+
+
+def to_rgba_png(data: bytes) -> bytes:
+    """Re-encodes a PNG as an uncompressed 8-bit RGBA PNG of `decode_rgba_like_tf`."""
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.fromarray(decode_rgba_like_tf(data), "RGBA").save(out, format="PNG", compress_level=0)
     return out.getvalue()
 
 
@@ -127,7 +208,10 @@ def prepare(data: bytes, path: str, rgba: bool = False) -> bytes:
         if problem:
             raise CorruptImageError(path, problem)
         if rgba and _png_needs_rgba_help(data):
-            return to_rgba_png(data)
+            try:
+                return to_rgba_png(data)
+            except (OSError, ValueError, SyntaxError) as e:
+                raise CorruptImageError(path, f"bad PNG ({e})") from None
     elif kind == "jpeg" and len(data) < 128:
         raise CorruptImageError(path, "truncated JPEG")
     elif kind == "gif":
