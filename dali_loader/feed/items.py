@@ -41,22 +41,6 @@ def read_bytes(source, path: str) -> bytes:
         raise UnreadableFileError(path, f"read failed ({e})") from None
 
 
-class CheckedBytes:
-    """Checked bytes for DALI; `rgba` expands alpha the way libpng does (Pillow)."""
-
-    io = True
-
-    def __init__(self, source, rgba: bool = False):
-        self.source = source
-        self.rgba = rgba
-
-    def __call__(self, path: str) -> bytes:
-        return prepare(read_bytes(self.source, path), path, rgba=self.rgba)
-
-    def release(self, item: Any) -> None:
-        pass
-
-
 class RawBytes:
     """Unchecked bytes, for a decoder whose failures are audited (TF's kernels)."""
 
@@ -70,6 +54,17 @@ class RawBytes:
 
     def release(self, item: Any) -> None:
         pass
+
+
+class CheckedBytes(RawBytes):
+    """Checked bytes for DALI; `rgba` expands alpha the way libpng does."""
+
+    def __init__(self, source, rgba: bool = False):
+        super().__init__(source)
+        self.rgba = rgba
+
+    def __call__(self, path: str) -> bytes:
+        return prepare(read_bytes(self.source, path), path, rgba=self.rgba)
 
 
 class Paths:
