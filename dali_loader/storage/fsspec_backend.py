@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Iterator
 
+from dali_loader.errors import StorageError
+
 if TYPE_CHECKING:
     from dali_loader.storage.objects import ObjectInfo
 
@@ -48,6 +50,17 @@ class FsspecBackend:
 
     def download(self, info: ObjectInfo) -> bytes:
         return self.fs.cat_file(self._path(info.name))
+
+    def listing_error(self, exc: BaseException, url: str, elapsed: float | None = None) -> StorageError | None:
+        """A one-line :class:`StorageError` for a missing bucket/prefix or refused access; else None."""
+        if isinstance(exc, FileNotFoundError):
+            return StorageError(f"Cannot list {url}: not found ({exc}). Check the bucket and the prefix; "
+                                "names are case-sensitive.")
+        if isinstance(exc, PermissionError):
+            return StorageError(f"Cannot list {url}: access denied ({exc}). Check the credentials that "
+                                f"fsspec's {self.scheme}:// filesystem uses (its environment variables or "
+                                "config file) and their permission to list the bucket.")
+        return None
 
     @staticmethod
     def retryable(exc: BaseException) -> bool:

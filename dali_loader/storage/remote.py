@@ -8,15 +8,24 @@ HTTP connection pool sized for ``max_in_flight`` concurrent downloads. Other sch
 object is verified (crc32c, else md5, else size), retried with exponential backoff
 and full jitter on transient failures, and kept in a
 :class:`~dali_loader.storage.cache.DiskCache`.
+
+The first listing of a source fails fast and clearly: the backend's ``check``
+(one small request under a short deadline) comes first, and a listing failure that
+is the storage's (unreachable endpoint, refused credentials, missing bucket, nothing
+under the prefix) is raised as a one-line :class:`~dali_loader.errors.StorageError`.
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import logging
 import threading
 import time
+from typing import Iterator
 
+from dali_loader.args import positive_int
+from dali_loader.errors import StorageError
 from dali_loader.storage.cache import DiskCache, checksum_problem
 from dali_loader.storage.objects import ObjectFetchError, ObjectInfo
 from dali_loader.storage.urls import parse_url, unsafe_reason
@@ -61,25 +70,73 @@ class RemoteSource:
         self._write_slots = threading.BoundedSemaphore(max_pending_writes)
         self._max_pending = max_pending_writes
         self._pending: dict[tuple[str, str], bytes] = {}  # queued writes, served from memory
+        self._checked = False
+
+    @contextlib.contextmanager
+    def _listing(self) -> Iterator[None]:
+        """Raises the storage's listing failures as the backend describes them (StorageError)."""
+        start = time.monotonic()
+        try:
+            yield
+        except StorageError:
+            raise
+        except Exception as exc:
+            describe = getattr(self._backend, "listing_error", None)
+            err = describe(exc, self.url, time.monotonic() - start) if describe is not None else None
+            if err is None:
+                raise
+            raise err from exc
+
+    def _empty_error(self) -> StorageError:
+        if not self.prefix:
+            return StorageError(f"No objects in {self.url}: the bucket {self.bucket!r} is empty. "
+                                "Check the URL, or upload the dataset first.")
+        return StorageError(f"No objects under {self.url}/ (prefix {self._list_prefix!r} of bucket "
+                            f"{self.bucket!r}). Check the prefix; object names are case-sensitive.")
+
+    def check(self) -> None:
+        """Once per source (the first listing calls it): the backend's quick check, if it has one.
+
+        Raises:
+            StorageError: as :meth:`list_objects`, within about ten seconds.
+        """
+        if self._checked:
+            return
+        check = getattr(self._backend, "check", None)
+        if check is not None:
+            with self._listing():
+                if check(self._list_prefix) is False:
+                    raise self._empty_error()
+        self._checked = True
 
     def list_objects(self) -> list[ObjectInfo]:
         """Every object under the prefix (all pages), sorted by name.
 
         Includes ``"dir/"`` placeholder objects (``rel`` ends with '/'). Names that
         are unusable as dataset paths are dropped with a warning naming them.
+
+        Raises:
+            StorageError: the endpoint is unreachable, the credentials are refused,
+                the bucket does not exist, or no object exists under the prefix.
         """
+        self.check()
         out: list[ObjectInfo] = []
         dropped: list[tuple[str, str]] = []
         n = len(self._list_prefix)
-        for name, size, gen, crc, md5 in self._backend.iter_objects(self._list_prefix):
-            rel = name[n:]
-            if not rel:
-                continue  # the placeholder of the prefix itself
-            reason = unsafe_reason(rel)
-            if reason:
-                dropped.append((name, reason))
-                continue
-            out.append(ObjectInfo(rel, name, size, gen, crc, md5, self.bucket, self.scheme))
+        seen = 0
+        with self._listing():
+            for name, size, gen, crc, md5 in self._backend.iter_objects(self._list_prefix):
+                seen += 1
+                rel = name[n:]
+                if not rel:
+                    continue  # the placeholder of the prefix itself
+                reason = unsafe_reason(rel)
+                if reason:
+                    dropped.append((name, reason))
+                    continue
+                out.append(ObjectInfo(rel, name, size, gen, crc, md5, self.bucket, self.scheme))
+        if not seen:
+            raise self._empty_error()
         for name, reason in dropped[:_MAX_WARNED]:
             logger.warning("Skipping %s://%s/%r: unusable as a dataset path (%s).",
                            self.scheme, self.bucket, name, reason)
@@ -90,8 +147,14 @@ class RemoteSource:
         return out
 
     def list_class_dirs(self) -> list[str]:
-        """First-level "directories" under the prefix (sorted, without slashes)."""
-        dirs = self._backend.iter_dirs(self._list_prefix)
+        """First-level "directories" under the prefix (sorted, without slashes).
+
+        Raises:
+            StorageError: as :meth:`list_objects`.
+        """
+        self.check()
+        with self._listing():
+            dirs = self._backend.iter_dirs(self._list_prefix)
         return sorted(d for d in dirs if d and unsafe_reason(d) is None)
 
     def fetch(self, info: ObjectInfo) -> bytes:
@@ -223,19 +286,46 @@ def open_remote(url: str, *, cache_dir: str | None = None, cache_max_bytes: int 
         timeout: per-request read timeout in seconds.
         media_via: gs:// downloads through "urllib3" (default, less CPU per object) or
             the google-cloud-storage "client" (``Blob.download_as_bytes``).
+
+    Raises:
+        ValueError: ``max_in_flight`` or ``max_attempts`` is not a positive integer.
+        StorageError: the credentials file named by GOOGLE_APPLICATION_CREDENTIALS is
+            unusable. Unreachable storage is reported by the first listing.
     """
-    if not isinstance(max_in_flight, int) or max_in_flight < 1:
-        raise ValueError(f"max_in_flight must be a positive integer. Received: max_in_flight={max_in_flight!r}")
-    if not isinstance(max_attempts, int) or max_attempts < 1:
-        raise ValueError(f"max_attempts must be a positive integer. Received: max_attempts={max_attempts!r}")
+    positive_int("max_in_flight", max_in_flight)
+    positive_int("max_attempts", max_attempts)
+    backend = _make_backend(url, pool_size=max_in_flight + 4, timeout=timeout, media_via=media_via)
+    try:
+        cache = DiskCache(cache_dir, cache_max_bytes)
+    except BaseException:
+        backend.close()
+        raise
+    return RemoteSource(url, backend, cache, max_attempts=max_attempts, max_pending_writes=max_in_flight)
+
+
+def check_remote(url: str) -> None:
+    """Fails fast when ``url`` cannot be listed: one small request, no cache.
+
+    For tools that list with their own client: call this first to get the clear,
+    bounded-time error instead of minutes of retries.
+
+    Raises:
+        StorageError: unreachable endpoint, refused credentials, missing bucket, or
+            no object under the prefix.
+    """
+    source = RemoteSource(url, _make_backend(url, pool_size=2, timeout=60.0, media_via="client"), None)
+    try:
+        source.check()
+    finally:
+        source.close()
+
+
+def _make_backend(url: str, *, pool_size: int, timeout: float, media_via: str):
     scheme, bucket, _ = parse_url(url)
     if scheme == "gs":
         from dali_loader.storage.gcs import GCSBackend
 
-        backend = GCSBackend(bucket, pool_size=max_in_flight + 4, timeout=timeout, media_via=media_via)
-    else:
-        from dali_loader.storage.fsspec_backend import FsspecBackend
+        return GCSBackend(bucket, pool_size=pool_size, timeout=timeout, media_via=media_via)
+    from dali_loader.storage.fsspec_backend import FsspecBackend
 
-        backend = FsspecBackend(scheme, bucket)
-    cache = DiskCache(cache_dir, cache_max_bytes)
-    return RemoteSource(url, backend, cache, max_attempts=max_attempts, max_pending_writes=max_in_flight)
+    return FsspecBackend(scheme, bucket)

@@ -4,7 +4,8 @@ It serves enough of the API for the real ``google-cloud-storage`` client
 (``STORAGE_EMULATOR_HOST=http://127.0.0.1:PORT``): bucket metadata, paged object
 listing with ``prefix``/``delimiter``, object metadata, and media downloads with
 ``Range`` support and ``x-goog-hash`` headers. Faults (latency, 503/429, connection
-resets, truncated bodies, flipped bytes) are drawn from a seeded RNG. Used by the
+resets, truncated bodies, flipped bytes) are drawn from a seeded RNG; ``Faults.deny_status``
+refuses every request (401/403) as GCS does for missing or insufficient credentials. Used by the
 tests, the demo and the benchmarks; never meant to face a network. This module holds
 the store and its lifecycle; the HTTP routes live in :mod:`dali_loader.testing.fakegcs_handler`.
 
@@ -42,7 +43,8 @@ class Faults:
     ``error_status`` (503 by default, 429 also common). ``reset_rate`` drops the
     connection with a TCP reset. ``truncate_rate`` and ``flip_rate`` only apply to
     media downloads: the body is cut short, or one byte is flipped while the
-    headers still announce the true checksum.
+    headers still announce the true checksum. ``deny_status`` (401 or 403), when
+    set, answers every API request with that status: missing or refused credentials.
     """
 
     latency: float = 0.0
@@ -52,6 +54,7 @@ class Faults:
     truncate_rate: float = 0.0
     flip_rate: float = 0.0
     seed: int = 0
+    deny_status: int = 0
 
 
 def b64_crc32c(data: bytes) -> str:

@@ -3,7 +3,8 @@
 Bucket metadata (``/storage/v1/b/B``), paged listings with ``prefix``/``delimiter``
 (``/storage/v1/b/B/o``), object metadata and media downloads
 (``/download/storage/v1/b/B/o/NAME?alt=media``, ``Range`` and ``x-goog-hash``), plus
-``/_fake/stats``. Faults are drawn per request by the bound :class:`FakeGCS`.
+``/_fake/stats``. Faults are drawn per request by the bound :class:`FakeGCS`;
+``Faults.deny_status`` refuses every request with 401/403.
 """
 
 from __future__ import annotations
@@ -92,6 +93,17 @@ class FakeGCSHandler(http.server.BaseHTTPRequestHandler):
         fake = self.fake
         if fake.faults.latency > 0:
             time.sleep(fake.faults.latency)
+        deny = fake.faults.deny_status
+        if deny:
+            with fake._lock:
+                fake.counts[kind] += 1
+                fake.counts["denied"] += 1
+            caller = "Anonymous caller" if deny == 401 else "fake@example.iam.gserviceaccount.com"
+            perm = "list" if kind in ("list", "bucket") else "get"
+            self._error(deny, f"{caller} does not have storage.objects.{perm} access to the Google Cloud "
+                              f"Storage bucket. Permission 'storage.objects.{perm}' denied on resource "
+                              "(or it may not exist).")
+            return True
         fault = fake._draw(media, name)
         with fake._lock:
             fake.counts[kind] += 1

@@ -7,6 +7,8 @@ import logging
 import os
 import sys
 
+from dali_loader.tools.cli_common import add_verbose_flag, cli_command, import_tensorflow_quietly
+
 __all__ = ["add_parsers", "handler"]
 
 
@@ -35,22 +37,26 @@ def add_parsers(subparsers) -> argparse.ArgumentParser:
                    help="loader cache for gs:// (default: a fresh temporary folder)")
     p.add_argument("--only", nargs="+", default=None, metavar="NAME",
                    help="run only these pipelines: seed tuned loader loader-cpu loader-gpu")
+    add_verbose_flag(p)
     p.set_defaults(func=handler)
     return p
 
 
+@cli_command("bench")
 def handler(args: argparse.Namespace) -> int:
     """Runs the benchmark, writes the files and prints the table. Returns the exit status."""
+    from dali_loader.storage.urls import is_remote
     from dali_loader.tools.bench import results_markdown, run_bench, write_results
 
     logging.basicConfig(level=logging.INFO, format="  %(message)s", stream=sys.stderr)
-    try:
-        res = run_bench(args.source, step_time=args.step_time, batch_size=args.batch_size,
-                        image_size=tuple(args.image_size), rounds=args.rounds,
-                        max_batches=args.batches, cache_dir=args.cache_dir, include=args.only)
-    except (ValueError, FileNotFoundError, ImportError) as exc:
-        print(f"dali-loader bench: error: {exc}", file=sys.stderr)
-        return 2
+    if is_remote(args.source):  # unreachable storage: a clear error in seconds, not minutes of retries
+        from dali_loader.storage.remote import check_remote
+
+        check_remote(args.source)
+    import_tensorflow_quietly(getattr(args, "verbose", False))
+    res = run_bench(args.source, step_time=args.step_time, batch_size=args.batch_size,
+                    image_size=tuple(args.image_size), rounds=args.rounds,
+                    max_batches=args.batches, cache_dir=args.cache_dir, include=args.only)
     argv = sys.argv[1:]
     res["command"] = "dali-loader " + " ".join(argv if argv[:1] == ["bench"] else ["bench", *argv])
     paths = write_results(res, args.out, tensorboard=args.tensorboard)
@@ -65,6 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="dali-loader")
     add_parsers(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["bench", *(sys.argv[1:] if argv is None else argv)])
+    if getattr(args, "verbose", False):
+        logging.basicConfig(level=logging.DEBUG, format="%(levelname)s %(name)s: %(message)s")
     return args.func(args)
 
 

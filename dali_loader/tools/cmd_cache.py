@@ -1,7 +1,9 @@
 """CLI subcommands ``prefetch`` and ``cache info|clean``.
 
 ``dali_loader.tools.cli`` registers them with :func:`add_parsers`; ``python -m
-dali_loader.tools.cmd_cache ...`` runs them on their own.
+dali_loader.tools.cmd_cache ...`` runs them on their own. Errors (unreachable
+storage, refused credentials, a missing bucket or prefix, bad arguments) are one
+line on stderr and exit status 2; ``-v`` adds the traceback.
 """
 
 from __future__ import annotations
@@ -12,6 +14,9 @@ import logging
 import re
 import sys
 import time
+
+from dali_loader.args import positive_int
+from dali_loader.tools.cli_common import add_verbose_flag, cli_command, quiet_native_logs
 
 logger = logging.getLogger(__name__)
 
@@ -39,17 +44,20 @@ def add_parsers(subparsers) -> None:
                    help="cache size bound, e.g. 200G (default: half the free disk space)")
     p.add_argument("--max-in-flight", type=int, default=64, help="concurrent downloads (default 64)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_verbose_flag(p)
     p.set_defaults(func=run_prefetch)
 
     c = subparsers.add_parser("cache", help="inspect or clean the local object cache")
     csub = c.add_subparsers(dest="cache_command", required=True)
     info = csub.add_parser("info", help="objects, bytes and leftover temp files in the cache")
     _add_cache_dir(info)
+    add_verbose_flag(info)
     info.set_defaults(func=run_cache_info)
     clean = csub.add_parser("clean", help="remove cached objects (all, or down to --keep-bytes, LRU)")
     _add_cache_dir(clean)
     clean.add_argument("--keep-bytes", type=parse_size, default=None,
                        help="evict least-recently-used objects down to this size instead of everything")
+    add_verbose_flag(clean)
     clean.set_defaults(func=run_cache_clean)
 
 
@@ -58,15 +66,15 @@ def _add_cache_dir(p: argparse.ArgumentParser) -> None:
                    help="cache directory (default: $XDG_CACHE_HOME/dali-loader or ~/.cache/dali-loader)")
 
 
+@cli_command("prefetch")
 def run_prefetch(args: argparse.Namespace) -> int:
-    """Fill the cache; exit code 0 when every object is cached and verified, 1 otherwise."""
+    """Fill the cache; exit code 0 when every object is cached and verified, 1 when some failed, 2 on an error."""
     from tqdm import tqdm
 
     from dali_loader.storage.objects import ObjectFetchError
     from dali_loader.storage.remote import open_remote
 
-    if args.max_in_flight < 1:
-        raise ValueError(f"--max-in-flight must be >= 1. Received: max_in_flight={args.max_in_flight}")
+    positive_int("--max-in-flight", args.max_in_flight)
     start = time.monotonic()
     with open_remote(args.url, cache_dir=args.cache_dir, cache_max_bytes=args.cache_max_bytes,
                      max_in_flight=args.max_in_flight) as source:
@@ -110,6 +118,7 @@ def run_prefetch(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+@cli_command("cache info")
 def run_cache_info(args: argparse.Namespace) -> int:
     """Print what the cache holds."""
     from dali_loader.storage.cache import DiskCache
@@ -120,6 +129,7 @@ def run_cache_info(args: argparse.Namespace) -> int:
     return 0
 
 
+@cli_command("cache clean")
 def run_cache_clean(args: argparse.Namespace) -> int:
     """Empty the cache, or trim it to ``--keep-bytes``."""
     from dali_loader.storage.cache import DiskCache
@@ -141,7 +151,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m dali_loader.tools.cmd_cache")
     add_parsers(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    verbose = getattr(args, "verbose", False)
+    quiet_native_logs(verbose)
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
+                        format="%(levelname)s %(name)s: %(message)s")
     return args.func(args)
 
 

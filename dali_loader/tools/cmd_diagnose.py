@@ -7,6 +7,8 @@ import json
 import logging
 import sys
 
+from dali_loader.tools.cli_common import add_verbose_flag, cli_command, import_tensorflow_quietly
+
 __all__ = ["add_parsers", "handler"]
 
 
@@ -30,24 +32,28 @@ def add_parsers(subparsers) -> argparse.ArgumentParser:
                    help="loader device (default: auto)")
     p.add_argument("--no-loader", action="store_true", help="skip the end-to-end loader run")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_verbose_flag(p)
     p.set_defaults(func=handler)
     return p
 
 
+@cli_command("diagnose")
 def handler(args: argparse.Namespace) -> int:
     """Runs the diagnosis and prints the table (or JSON). Returns the exit status."""
+    from dali_loader.storage.urls import is_remote
     from dali_loader.tools.diagnose import format_report, run_diagnose, to_json
 
     if not args.json:
         logging.basicConfig(level=logging.INFO, format="  %(message)s", stream=sys.stderr)
-    try:
-        m = run_diagnose(args.source, step_time=args.step_time, batch_size=args.batch_size,
-                         image_size=tuple(args.image_size), sample=args.sample,
-                         measure_loader=not args.no_loader, loader_in_flight=args.max_in_flight,
-                         device=args.device)
-    except (ValueError, FileNotFoundError, ImportError) as exc:
-        print(f"dali-loader diagnose: error: {exc}", file=sys.stderr)
-        return 2
+    if is_remote(args.source):  # unreachable storage: a clear error in seconds, not minutes of retries
+        from dali_loader.storage.remote import check_remote
+
+        check_remote(args.source)
+    import_tensorflow_quietly(getattr(args, "verbose", False))
+    m = run_diagnose(args.source, step_time=args.step_time, batch_size=args.batch_size,
+                     image_size=tuple(args.image_size), sample=args.sample,
+                     measure_loader=not args.no_loader, loader_in_flight=args.max_in_flight,
+                     device=args.device)
     if args.json:
         print(json.dumps(to_json(m), indent=2))
     else:
@@ -60,6 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="dali-loader")
     add_parsers(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["diagnose", *(sys.argv[1:] if argv is None else argv)])
+    if getattr(args, "verbose", False):
+        logging.basicConfig(level=logging.DEBUG, format="%(levelname)s %(name)s: %(message)s")
     return args.func(args)
 
 
