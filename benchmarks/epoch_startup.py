@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
                     n += int(x.shape[0])
                 dt = time.perf_counter() - t
                 print(f"{e:5d}  {1000 * loader.epoch_setup_seconds[-1]:8.2f}  "
-                      f"{first:13.3f}  {dt:7.2f}  {n / dt:5.0f}  {getattr(loader, "pipeline_builds", 0):15d}")
+                      f"{first:13.3f}  {dt:7.2f}  {n / dt:5.0f}  {getattr(loader, 'pipeline_builds', 0):15d}")
     return 0
 
 

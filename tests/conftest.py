@@ -95,3 +95,26 @@ def messy_tree(tmp_path_factory, pngsuite) -> pathlib.Path:
     save(root / ".hidden_class" / "h.png", _photo(rng, 20, 20))
     save(root / "toplevel.png", _photo(rng, 20, 20))
     return root
+
+
+@pytest.fixture
+def serve(monkeypatch):
+    """Starts a `FakeGCS` on loopback and points google-cloud-storage at it."""
+    servers = []
+
+    def start(server):
+        servers.append(server.start())
+        monkeypatch.setenv("STORAGE_EMULATOR_HOST", server.endpoint)
+        return server
+
+    yield start
+    for s in servers:
+        s.stop()
+
+
+@pytest.fixture
+def gcs(serve):
+    """Serves a local folder as gs://b (`prefix=`, `faults=`... as `FakeGCS.from_directory`)."""
+    from dali_loader.testing.fakegcs import FakeGCS
+
+    return lambda root, **kw: serve(FakeGCS.from_directory(str(root), **kw))

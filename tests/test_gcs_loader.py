@@ -9,27 +9,12 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 
-from dali_loader.testing.fakegcs import FakeGCS, Faults  # noqa: E402
+from dali_loader.testing.fakegcs import Faults  # noqa: E402
 from tf_adapter import image_dataset_from_directory as ours  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
 
 FAULTS = Faults(error_rate=0.10, reset_rate=0.05, truncate_rate=0.05, flip_rate=0.03, seed=7)
-
-
-@pytest.fixture
-def gcs(monkeypatch):
-    servers = []
-
-    def start(root, **kw):
-        server = FakeGCS.from_directory(str(root), **kw).start()
-        servers.append(server)
-        monkeypatch.setenv("STORAGE_EMULATOR_HOST", server.endpoint)
-        return server
-
-    yield start
-    for s in servers:
-        s.stop()
 
 
 def arrays(ds):

@@ -13,7 +13,7 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 
-from dali_loader.testing.fakegcs import FakeGCS, Faults  # noqa: E402
+from dali_loader.testing.fakegcs import Faults  # noqa: E402
 from tf_adapter import image_dataset_from_directory as ours  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
@@ -104,21 +104,6 @@ def test_many_abandoned_iterators_leave_nothing_behind(id_tree, decoder):
         assert len(loader._idle) <= 2  # abandoned epochs drop their pipelines
     assert threading.active_count() <= threads_before + 70  # one read pool, bounded
     assert sorted(i for x in ds for i in ids(x)) == list(range(23))
-
-
-@pytest.fixture
-def gcs(monkeypatch):
-    servers = []
-
-    def start(root, **kw):
-        server = FakeGCS.from_directory(str(root), **kw).start()
-        servers.append(server)
-        monkeypatch.setenv("STORAGE_EMULATOR_HOST", server.endpoint)
-        return server
-
-    yield start
-    for s in servers:
-        s.stop()
 
 
 @pytest.mark.parametrize("decoder", DECODERS)

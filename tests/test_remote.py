@@ -22,20 +22,6 @@ def tree(tmp_path):
     return str(root), write_random_tree(str(root), per_class=25, size=(500, 4000), seed=3)
 
 
-@pytest.fixture
-def serve(monkeypatch):
-    servers = []
-
-    def start(server: FakeGCS) -> FakeGCS:
-        servers.append(server.start())
-        monkeypatch.setenv("STORAGE_EMULATOR_HOST", server.endpoint)
-        return server
-
-    yield start
-    for s in servers:
-        s.stop()
-
-
 def fetch_all(source, objects, threads=64):
     with cf.ThreadPoolExecutor(threads) as pool:
         return dict(zip((o.rel for o in objects), pool.map(source.fetch, objects)))

@@ -40,20 +40,6 @@ def refused(monkeypatch) -> str:
     return endpoint
 
 
-@pytest.fixture
-def serve(monkeypatch):
-    servers = []
-
-    def start(server: FakeGCS) -> FakeGCS:
-        servers.append(server.start())
-        monkeypatch.setenv("STORAGE_EMULATOR_HOST", server.endpoint)
-        return server
-
-    yield start
-    for s in servers:
-        s.stop()
-
-
 def list_error(url: str, tmp_path, max_s: float = 10.0) -> str:
     """The StorageError message of listing ``url``, asserted to be one line and to come within ``max_s``."""
     start = time.monotonic()

@@ -93,8 +93,15 @@ class Feed:
         """File -> reason for every file any iteration left out (`on_error="skip"`)."""
         return self.report.as_dict()
 
+    @property
+    def closed(self) -> bool:
+        """Whether `close()` ran (or the feed was garbage-collected)."""
+        return not self._finalizer.alive
+
     def epoch(self) -> FeedEpoch:
         """A new, independent iteration with the next epoch number."""
+        if self.closed:
+            raise RuntimeError("This dataset was closed; create a new one to iterate again.")
         with self._lock:
             number = next(self._numbers)
             self._started += 1
@@ -154,6 +161,8 @@ class FeedEpoch:
         """Up to `size` (default: the feed's chunk size) good items, or None at
         the end. A bad file goes to `errors` (raised, or recorded and left out)."""
         size = size or self._feed.chunk_size
+        if self._feed.closed:
+            raise RuntimeError("The dataset was closed while an epoch was running.")
         items, positions = [], []
         for pos, result in self._results:
             if isinstance(result, BadFileError):
@@ -161,16 +170,25 @@ class FeedEpoch:
                 continue
             if isinstance(result, BaseException):
                 raise result  # a bug or an unexpected failure: never swallowed
+            if not self._hold(pos, result):
+                return None  # closed meanwhile: the epoch is over
             items.append(result)
             positions.append(pos)
             if len(items) == size:
                 break
         if not items:
             return None
+        return Chunk(items, positions)
+
+    def _hold(self, pos: int, item: Any) -> bool:
+        """Holds an item until it is released (or the epoch closes); after
+        `close()`, releases it at once and returns False."""
         with self._lock:
             if not self.closed:
-                self._held.update(zip(positions, items))
-        return Chunk(items, positions)
+                self._held[pos] = item
+                return True
+        self._items.release(item)
+        return False
 
     def __iter__(self) -> Iterator[Chunk]:
         return self

@@ -101,11 +101,14 @@ class Ordered:
         pending, self._pending = self._pending, collections.deque()
         self._items = iter(())
         for f in pending:
-            if not f.cancel() and self._discard is not None:
+            if not f.cancel() and self._discard is not None:  # running or done
                 f.add_done_callback(self._discard_result)
 
     def _discard_result(self, f: cf.Future) -> None:
-        self._discard(f.result())
+        if not f.cancelled():
+            result = f.result()
+            if not isinstance(result, Exception):  # a failed read holds nothing
+                self._discard(result)
 
     def __del__(self):
         self.close()

@@ -135,11 +135,13 @@ class GCSBackend:
         from google.api_core import exceptions as api_exceptions
         from google.cloud.storage.retry import _should_retry
 
-        if isinstance(exc, (api_exceptions.NotFound, api_exceptions.Forbidden,
-                            api_exceptions.Unauthorized, api_exceptions.BadRequest)):
+        if isinstance(exc, api_exceptions.GoogleAPICallError):
+            # 408 and 429 are worth another try, as is any 5xx; other 4xx are final.
+            code = exc.code if isinstance(exc.code, int) else 500
+            return code in (408, 429) or code >= 500
+        if isinstance(exc, (PermissionError, FileNotFoundError, IsADirectoryError)):
             return False
-        return _should_retry(exc) or isinstance(exc, (OSError, urllib3.exceptions.HTTPError,
-                                                      api_exceptions.GoogleAPICallError)) \
+        return _should_retry(exc) or isinstance(exc, (OSError, urllib3.exceptions.HTTPError)) \
             or type(exc).__name__ in ("DataCorruption", "InvalidResponse")
 
     def close(self) -> None:

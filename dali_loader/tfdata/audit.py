@@ -52,12 +52,14 @@ class Auditor:
 
     def check(self, positions: list[int]) -> bool:
         """Accounts for every emitted position up to each survivor; True at the end."""
-        for pos in positions:
-            while self.emitted and self.emitted[0] != pos:
-                self._dropped(self.emitted.popleft())
-            if self.emitted:
-                self.emitted.popleft()
-        self.epoch.release(positions)
+        try:
+            for pos in positions:
+                while self.emitted and self.emitted[0] != pos:
+                    self._dropped(self.emitted.popleft())
+                if self.emitted:
+                    self.emitted.popleft()
+        finally:
+            self.epoch.release(positions)
         if positions and positions[-1] == END:
             self.epoch.close()
             if self.error is not None:

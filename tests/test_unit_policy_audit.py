@@ -1,0 +1,269 @@
+"""The on_error policy (SkipReport, EpochErrors) and the TF path's audit, without TF."""
+
+from __future__ import annotations
+
+import collections
+import logging
+
+import numpy as np
+import pytest
+
+from dali_loader.errors import CorruptImageError, UnreadableFileError
+from dali_loader.feed.epochs import Feed
+from dali_loader.feed.policy import ON_ERROR, EpochErrors, SkipReport, check_on_error
+from dali_loader.index import Index
+from dali_loader.tfdata import audit
+from dali_loader.tfdata.audit import END, AuditRegistry, Auditor
+
+POLICY_LOGGER = "dali_loader.feed.policy"
+
+
+# --- policy ---------------------------------------------------------------------------
+
+
+def test_check_on_error():
+    assert ON_ERROR == ("raise", "skip")
+    assert check_on_error("raise") == "raise" and check_on_error("skip") == "skip"
+    for bad in ("ignore", "Skip", "", None):
+        with pytest.raises(ValueError, match=r'must be "raise" or "skip". Received: on_error='):
+            check_on_error(bad)
+
+
+def test_skip_report():
+    r = SkipReport()
+    assert r.as_dict() == {}
+    assert r.add(CorruptImageError("a.png", "truncated")) is True
+    assert r.add(UnreadableFileError("b.png", "gone")) is True
+    assert r.add(CorruptImageError("a.png", "CRC mismatch")) is False  # same file again
+    assert r.as_dict() == {"a.png": "CRC mismatch", "b.png": "gone"}
+    assert r.of_kind("corrupt") == {"a.png": "CRC mismatch"}
+    assert r.of_kind("unreadable") == {"b.png": "gone"}
+    assert r.of_kind("other") == {}
+    d = r.as_dict()
+    d["x"] = "y"  # a copy
+    assert "x" not in r.as_dict()
+
+
+def test_epoch_errors_raise():
+    report = SkipReport()
+    errors = EpochErrors("raise", report)
+    err = CorruptImageError("a.png", "truncated")
+    with pytest.raises(CorruptImageError) as ei:
+        errors(err)
+    assert ei.value is err
+    assert errors.skipped == {} and report.as_dict() == {}
+
+
+def test_epoch_errors_skip_records_and_logs_once_per_file(caplog):
+    report = SkipReport()
+    first, second = EpochErrors("skip", report), EpochErrors("skip", report)
+    with caplog.at_level(logging.WARNING, logger=POLICY_LOGGER):
+        first(CorruptImageError("a.png", "truncated"))
+        first(UnreadableFileError("b.png", "gone"))
+        first(CorruptImageError("a.png", "truncated"))
+        second(CorruptImageError("a.png", "truncated"))
+    assert first.skipped == {"a.png": "truncated", "b.png": "gone"}
+    assert second.skipped == {"a.png": "truncated"}
+    assert report.as_dict() == {"a.png": "truncated", "b.png": "gone"}
+    msgs = [r.getMessage() for r in caplog.records if r.name == POLICY_LOGGER]
+    assert msgs == ["Skipping a.png: truncated [corrupt]", "Skipping b.png: gone [unreadable]"]
+
+
+def test_epoch_errors_rejects_bad_policy():
+    with pytest.raises(ValueError):
+        EpochErrors("warn", SkipReport())
+
+
+# --- Auditor ----------------------------------------------------------------------------
+
+
+class Reader:
+    """An inline item reader that counts releases; `boom` paths raise RuntimeError."""
+
+    io = False
+
+    def __init__(self, boom=(), bad=()):
+        self.boom, self.bad = set(boom), set(bad)
+        self.released = collections.Counter()
+
+    def __call__(self, path):
+        if path in self.boom:
+            raise RuntimeError(f"a bug reading {path}")
+        if path in self.bad:
+            raise CorruptImageError(path, "bad bytes")
+        return f"item:{path}"
+
+    def release(self, item):
+        self.released[item] += 1
+
+
+def make_feed(n=10, on_error="skip", **reader_kw):
+    reader = Reader(**reader_kw)
+    index = Index([f"f{i}" for i in range(n)], None, None)
+    return Feed(index, reader, chunk_size=4, on_error=on_error), reader
+
+
+class Diagnose:
+    def __init__(self, result=None):
+        self.paths = []
+        self.result = result
+
+    def __call__(self, path):
+        self.paths.append(path)
+        if self.result is not None:
+            return self.result
+        return CorruptImageError(path, "TensorFlow's decoder failed on it")
+
+
+def fed(auditor: Auditor) -> list[list[int]]:
+    return [c.positions for c in auditor.chunks()]
+
+
+def test_auditor_all_survive():
+    feed, reader = make_feed(10)
+    diagnose = Diagnose()
+    a = Auditor(feed.epoch(), diagnose)
+    assert fed(a) == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    assert list(a.emitted) == list(range(10)) + [END]
+    assert a.check([0, 1, 2, 3]) is False
+    assert a.check([4, 5, 6]) is False
+    assert a.check([7, 8, 9, END]) is True
+    assert diagnose.paths == []
+    assert a.epoch.closed
+    assert a.epoch.errors.skipped == {}
+    assert reader.released == {f"item:f{i}": 1 for i in range(10)}
+
+
+def test_auditor_gap_skip_records_it():
+    feed, reader = make_feed(10, on_error="skip")
+    diagnose = Diagnose()
+    a = Auditor(feed.epoch(), diagnose)
+    fed(a)
+    assert a.check([0, 1, 3]) is False  # 2 dropped out in TF
+    assert diagnose.paths == ["f2"]
+    assert a.epoch.errors.skipped == {"f2": "TensorFlow's decoder failed on it"}
+    assert feed.skipped == {"f2": "TensorFlow's decoder failed on it"}
+    assert a.check([4, 5, 6, 7, 8]) is False
+    assert a.check([END]) is True  # the very last file (9) dropped out too
+    assert diagnose.paths == ["f2", "f9"]
+    assert set(feed.skipped) == {"f2", "f9"}
+    # Dropped files' items are released as well as the survivors'.
+    assert reader.released == {f"item:f{i}": 1 for i in range(10)}
+
+
+def test_auditor_gap_raise():
+    feed, _ = make_feed(10, on_error="raise")
+    a = Auditor(feed.epoch(), Diagnose(UnreadableFileError("f4", "gone")))
+    fed(a)
+    assert a.check([0, 1, 2, 3]) is False
+    with pytest.raises(UnreadableFileError, match="gone") as ei:
+        a.check([5, 6])
+    assert ei.value.path == "f4"
+    assert feed.skipped == {}
+
+
+@pytest.mark.parametrize("on_error", ["raise", "skip"])
+def test_auditor_gap_non_bad_file_error_is_raised(on_error):
+    feed, _ = make_feed(6, on_error=on_error)
+    a = Auditor(feed.epoch(), Diagnose(RuntimeError("dropped out, but decodes now")))
+    fed(a)
+    with pytest.raises(RuntimeError, match="decodes now"):
+        a.check([0, 2])
+    assert feed.skipped == {}
+
+
+def test_auditor_end_raises_the_held_feed_exception():
+    feed, reader = make_feed(10, boom={"f6"})
+    a = Auditor(feed.epoch(), Diagnose())
+    assert fed(a) == [[0, 1, 2, 3]]  # the feed failed in the second chunk: held
+    assert isinstance(a.error, RuntimeError)
+    assert list(a.emitted) == [0, 1, 2, 3, END]
+    assert a.check([0, 1, 2, 3]) is False
+    with pytest.raises(RuntimeError, match="a bug reading f6"):
+        a.check([END])
+    assert a.epoch.closed
+    assert a.error is None
+
+
+def test_auditor_end_raises_a_held_bad_file_error():
+    feed, _ = make_feed(10, on_error="raise", bad={"f1"})
+    a = Auditor(feed.epoch(), Diagnose())
+    assert fed(a) == []
+    with pytest.raises(CorruptImageError) as ei:
+        a.check([END])
+    assert ei.value.path == "f1"
+    assert a.epoch.closed
+
+
+# --- AuditRegistry -------------------------------------------------------------------------
+
+
+class T:
+    """Stands in for an eager tf tensor: only `.numpy()` is used."""
+
+    def __init__(self, value):
+        self.value = np.asarray(value, np.int64)
+
+    def numpy(self):
+        return self.value
+
+
+def test_registry_open_check_close():
+    feed, reader = make_feed(6)
+    reg = AuditRegistry()
+    a1 = Auditor(feed.epoch(), Diagnose())
+    a2 = Auditor(feed.epoch(), Diagnose())
+    t1, t2 = reg.open(a1), reg.open(a2)
+    assert t1 != t2 and t1 > 0 and t2 > 0
+    assert len(reg) == 2
+    fed(a1)
+    fed(a2)
+    assert reg.check(T(t1), T([0, 1, 2, 3])) is True
+    assert len(reg) == 2 and not a1.epoch.closed
+    reg.fed_out(t1)
+    assert reg.check(T(t1), T([4, 5, END])) is True
+    assert len(reg) == 1 and a1.epoch.closed  # closed at its marker
+    reg.close(t2)  # abandoned
+    assert len(reg) == 0 and a2.epoch.closed
+    reg.close(t2)  # again: nothing
+    assert reg.check(T(t2), T([0, 1])) is True  # unknown token: an abandoned iteration
+    assert reg.check(T(12345), T([END])) is True
+
+
+def test_registry_check_raises_auditor_errors():
+    feed, _ = make_feed(6, on_error="raise")
+    reg = AuditRegistry()
+    a = Auditor(feed.epoch(), Diagnose())
+    tok = reg.open(a)
+    fed(a)
+    with pytest.raises(CorruptImageError, match="f0"):
+        reg.check(T(tok), T([1, 2]))
+
+
+def test_registry_is_bounded():
+    assert audit._FINISHED_KEPT == 64
+    feed, _ = make_feed(3)
+    reg = AuditRegistry()
+    auditors = [Auditor(feed.epoch(), Diagnose()) for _ in range(70)]
+    tokens = [reg.open(a) for a in auditors]
+    live = reg.open(Auditor(feed.epoch(), Diagnose()))  # still feeding: never dropped
+    for a in auditors:
+        fed(a)
+    for tok in tokens[:64]:
+        reg.fed_out(tok)
+    assert len(reg) == 71
+    assert not any(a.epoch.closed for a in auditors)
+    reg.fed_out(tokens[64])  # the 65th: the oldest goes
+    assert len(reg) == 70
+    assert auditors[0].epoch.closed
+    assert not any(a.epoch.closed for a in auditors[1:])
+    for tok in tokens[65:]:
+        reg.fed_out(tok)
+    assert len(reg) == 65
+    assert [a.epoch.closed for a in auditors] == [True] * 6 + [False] * 64
+    # A dropped iteration's late check is ignored.
+    assert reg.check(T(tokens[0]), T([0, 1, 2, END])) is True
+    # Ones still kept finish normally.
+    assert reg.check(T(tokens[6]), T([0, 1, 2, END])) is True
+    assert auditors[6].epoch.closed and len(reg) == 64
+    assert reg.check(T(live), T([0])) is True and len(reg) == 64
