@@ -19,16 +19,8 @@ pytestmark = pytest.mark.timeout(180)
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def cli_module() -> str:
-    """The lead's ``dali_loader.tools.cli`` once it registers these commands; this module on its own before."""
-    cli = os.path.join(REPO, "dali_loader", "cli.py")
-    if os.path.exists(cli) and "cmd_cache" in open(cli, encoding="utf-8").read():
-        return "dali_loader.tools.cli"
-    return "dali_loader.tools.cmd_cache"
-
-
 def run_cli(args: list[str], env: dict, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", cli_module(), *args], env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "dali_loader.tools.cli", *args], env=env, capture_output=True,
                           text=True, timeout=timeout, cwd=REPO)
 
 
@@ -42,7 +34,7 @@ def test_kill9_during_prefetch_then_verified_pass(tmp_path):
     cache_dir = str(tmp_path / "cache")
     with FakeGCS.from_directory(str(tmp_path / "local"), prefix="ds", faults=Faults(latency=0.03)) as server:
         env = dict(os.environ, STORAGE_EMULATOR_HOST=server.endpoint, PYTHONPATH=REPO)
-        proc = subprocess.Popen([sys.executable, "-m", cli_module(), "prefetch", "gs://b/ds", "--cache-dir",
+        proc = subprocess.Popen([sys.executable, "-m", "dali_loader.tools.cli", "prefetch", "gs://b/ds", "--cache-dir",
                                  cache_dir, "--max-in-flight", "4", "--no-progress"], env=env, cwd=REPO,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 60

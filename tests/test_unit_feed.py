@@ -15,14 +15,7 @@ from dali_loader.errors import CorruptImageError, UnreadableFileError
 from dali_loader.feed.epochs import Chunk, Feed, FeedEpoch
 from dali_loader.feed.order import epoch_order
 from dali_loader.index import Index
-
-
-def wait_for(cond, timeout=5.0, step=0.005):
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        time.sleep(step)
+from helpers import wait_for
 
 
 class Item:

@@ -31,6 +31,20 @@ FILES = [
 SUBDIRS = ["dogs", "cats", ".git", ".hidden_class", "empty"]
 
 
+# Keras's order: classes sorted, then each os.walk root sorted, then its file names.
+CLASS_ORDER = [
+    "/root/cats/x.Jpeg",
+    "/root/cats/y.gif",
+    "/root/cats/deep/w.PNG",
+    "/root/cats/deep/er/z.bmp",
+    "/root/dogs/.hidden.png",
+    "/root/dogs/a.JPG",
+    "/root/dogs/b.png",
+    "/root/dogs/sub-dir/e.png",
+    "/root/dogs/zz/c.png",
+]
+
+
 def index(**kw) -> Index:
     kw.setdefault("shuffle", False)
     return build_index("/root", FILES, SUBDIRS, join=JOIN, **kw)
@@ -43,17 +57,7 @@ def test_allowlist():
 def test_inferred_labels_keras_order():
     idx = index()
     assert idx.class_names == ["cats", "dogs", "empty"]  # sorted, hidden skipped
-    assert idx.paths == [
-        "/root/cats/x.Jpeg",
-        "/root/cats/y.gif",
-        "/root/cats/deep/w.PNG",
-        "/root/cats/deep/er/z.bmp",
-        "/root/dogs/.hidden.png",
-        "/root/dogs/a.JPG",
-        "/root/dogs/b.png",
-        "/root/dogs/sub-dir/e.png",
-        "/root/dogs/zz/c.png",
-    ]
+    assert idx.paths == CLASS_ORDER
     assert idx.labels.dtype == np.int32
     assert idx.labels.tolist() == [0, 0, 0, 0, 1, 1, 1, 1, 1]
     assert len(idx) == 9
@@ -103,20 +107,8 @@ def test_class_names_mismatch_message():
 def test_labels_none_indexes_everything_below_root():
     idx = index(labels=None)
     assert idx.labels is None and idx.class_names is None
-    assert idx.paths == [
-        "/root/top.png",
-        "/root/.git/HEAD.png",
-        "/root/.hidden_class/h.png",
-        "/root/cats/x.Jpeg",
-        "/root/cats/y.gif",
-        "/root/cats/deep/w.PNG",
-        "/root/cats/deep/er/z.bmp",
-        "/root/dogs/.hidden.png",
-        "/root/dogs/a.JPG",
-        "/root/dogs/b.png",
-        "/root/dogs/sub-dir/e.png",
-        "/root/dogs/zz/c.png",
-    ]
+    assert idx.paths == ["/root/top.png", "/root/.git/HEAD.png", "/root/.hidden_class/h.png",
+                         *CLASS_ORDER]
 
 
 def test_explicit_labels():

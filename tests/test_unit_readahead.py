@@ -10,15 +10,7 @@ import time
 import pytest
 
 from dali_loader.feed.readahead import ReadAhead
-
-
-def wait_for(cond, timeout=5.0, step=0.005):
-    """Polls `cond()` until true; fails the test after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        time.sleep(step)
+from helpers import wait_for
 
 
 @pytest.fixture
@@ -122,7 +114,8 @@ def test_exceptions_are_returned_not_raised(pools):
             assert r == i
 
 
-def test_close_cancels_reads_not_started(pools):
+@pytest.mark.parametrize("end", ["close", "drop"])
+def test_close_or_drop_cancels_reads_not_started(pools, end):
     calls = []
     gate = threading.Event()
 
@@ -136,15 +129,20 @@ def test_close_cancels_reads_not_started(pools):
     ra = pools(fn, max_in_flight=1, window=6)
     it = ra.map(range(100), discard=discarded.append)
     wait_for(lambda: calls == [0])
-    it.close()
+    if end == "close":
+        it.close()
+    else:  # dropping the result closes it
+        del it
+        gc.collect()
     gate.set()
     # The running read's result goes to `discard` once it completes.
     wait_for(lambda: discarded == [0])
     time.sleep(0.05)
     assert calls == [0]  # items 1..5 were queued and got cancelled; none later
     assert discarded == [0]
-    with pytest.raises(StopIteration):
-        next(it)
+    if end == "close":
+        with pytest.raises(StopIteration):
+            next(it)
 
 
 def test_close_discards_each_result_read_but_not_yielded_exactly_once(pools):
@@ -178,27 +176,6 @@ def test_close_discards_each_result_read_but_not_yielded_exactly_once(pools):
     time.sleep(0.03)
     assert sorted(discarded) == [20, 30, 40, 50, 60, 70]
     assert sorted(calls) == list(range(8))
-
-
-def test_dropping_the_result_closes_it(pools):
-    calls = []
-    gate = threading.Event()
-
-    def fn(i):
-        calls.append(i)
-        gate.wait(5)
-        return i
-
-    discarded = []
-    ra = pools(fn, max_in_flight=1, window=4)
-    it = ra.map(range(10), discard=discarded.append)
-    wait_for(lambda: calls == [0])
-    del it
-    gc.collect()
-    gate.set()
-    wait_for(lambda: discarded == [0])
-    time.sleep(0.03)
-    assert calls == [0]
 
 
 def test_one_pool_serves_two_interleaved_maps(pools):

@@ -64,17 +64,3 @@ def handler(args: argparse.Namespace) -> int:
     for kind, path in paths.items():
         print(f"{kind}: {path}")
     return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Standalone entry point (``python -m dali_loader.tools.cmd_bench``)."""
-    parser = argparse.ArgumentParser(prog="dali-loader")
-    add_parsers(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["bench", *(sys.argv[1:] if argv is None else argv)])
-    if getattr(args, "verbose", False):
-        logging.basicConfig(level=logging.DEBUG, format="%(levelname)s %(name)s: %(message)s")
-    return args.func(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,7 +1,6 @@
 """CLI subcommands ``prefetch`` and ``cache info|clean``.
 
-``dali_loader.tools.cli`` registers them with :func:`add_parsers`; ``python -m
-dali_loader.tools.cmd_cache ...`` runs them on their own. Errors (unreachable
+``dali_loader.tools.cli`` registers them with :func:`add_parsers`. Errors (unreachable
 storage, refused credentials, a missing bucket or prefix, bad arguments) are one
 line on stderr and exit status 2; ``-v`` adds the traceback.
 """
@@ -16,7 +15,7 @@ import sys
 import time
 
 from dali_loader.args import positive_int
-from dali_loader.tools.cli_common import add_verbose_flag, cli_command, quiet_native_logs
+from dali_loader.tools.cli_common import add_verbose_flag, cli_command
 
 logger = logging.getLogger(__name__)
 
@@ -144,19 +143,3 @@ def run_cache_clean(args: argparse.Namespace) -> int:
     sys.stdout.write(f"cache: {cache.root}: removed {before.objects - after.objects} objects "
                      f"({before.bytes - after.bytes} bytes); {after.objects} objects ({after.bytes} bytes) left\n")
     return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Run one of these subcommands on its own."""
-    parser = argparse.ArgumentParser(prog="python -m dali_loader.tools.cmd_cache")
-    add_parsers(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    verbose = getattr(args, "verbose", False)
-    quiet_native_logs(verbose)
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
-                        format="%(levelname)s %(name)s: %(message)s")
-    return args.func(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -59,17 +59,3 @@ def handler(args: argparse.Namespace) -> int:
     else:
         print(format_report(m))
     return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Standalone entry point (``python -m dali_loader.tools.cmd_diagnose``)."""
-    parser = argparse.ArgumentParser(prog="dali-loader")
-    add_parsers(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["diagnose", *(sys.argv[1:] if argv is None else argv)])
-    if getattr(args, "verbose", False):
-        logging.basicConfig(level=logging.DEBUG, format="%(levelname)s %(name)s: %(message)s")
-    return args.func(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
