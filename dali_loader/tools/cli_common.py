@@ -23,8 +23,8 @@ from typing import Callable
 
 from dali_loader.errors import StorageError
 
-__all__ = ["CLI_ERRORS", "add_verbose_flag", "cli_command", "error_message", "import_tensorflow_quietly",
-           "quiet_native_logs", "run_command"]
+__all__ = ["CLI_ERRORS", "add_source_args", "add_verbose_flag", "cli_command", "error_message", "import_tensorflow_quietly",
+           "prepare_source", "quiet_native_logs", "run_command"]
 
 #: The errors reported as one line (anything else is a bug: full traceback).
 CLI_ERRORS: tuple[type[BaseException], ...] = (StorageError, ValueError, FileNotFoundError, ImportError, OSError)
@@ -129,3 +129,23 @@ def cli_command(command: str) -> Callable:
             return run_command(command, func, args)
         return handler
     return wrap
+
+
+def prepare_source(source: str, verbose: bool = False) -> None:
+    """Before a command reads `source`: a quick check of remote storage (an
+    unreachable endpoint is a clear error in seconds, not minutes of retries),
+    then TensorFlow imported quietly."""
+    from dali_loader.storage.urls import is_remote
+
+    if is_remote(source):
+        from dali_loader.storage.remote import check_remote
+
+        check_remote(source)
+    import_tensorflow_quietly(verbose)
+
+
+def add_source_args(parser: argparse.ArgumentParser) -> None:
+    """The arguments `bench` and `diagnose` share: SOURCE and the synthetic step."""
+    parser.add_argument("source", help="local folder, FUSE path or gs://bucket/prefix")
+    parser.add_argument("--step-time", type=float, default=0.0, metavar="S",
+                        help="seconds per batch of the synthetic training step (default: 0, none)")

@@ -7,7 +7,7 @@ import logging
 import os
 import sys
 
-from dali_loader.tools.cli_common import add_verbose_flag, cli_command, import_tensorflow_quietly
+from dali_loader.tools.cli_common import add_source_args, add_verbose_flag, cli_command, prepare_source
 
 __all__ = ["add_parsers", "handler"]
 
@@ -20,9 +20,7 @@ def add_parsers(subparsers) -> argparse.ArgumentParser:
                     "a tuned tf.data pipeline and this loader (CPU, and GPU when present), each "
                     "feeding a synthetic step; writes results.json, results.md and "
                     "throughput.png.")
-    p.add_argument("source", help="local folder, FUSE path or gs://bucket/prefix")
-    p.add_argument("--step-time", type=float, default=0.0, metavar="S",
-                   help="seconds per batch of the synthetic training step (default: 0)")
+    add_source_args(p)
     p.add_argument("--out", default=os.path.join("out", "bench"), metavar="DIR",
                    help="output folder (default: out/bench)")
     p.add_argument("--tensorboard", default=None, metavar="DIR",
@@ -45,15 +43,10 @@ def add_parsers(subparsers) -> argparse.ArgumentParser:
 @cli_command("bench")
 def handler(args: argparse.Namespace) -> int:
     """Runs the benchmark, writes the files and prints the table. Returns the exit status."""
-    from dali_loader.storage.urls import is_remote
     from dali_loader.tools.bench import results_markdown, run_bench, write_results
 
     logging.basicConfig(level=logging.INFO, format="  %(message)s", stream=sys.stderr)
-    if is_remote(args.source):  # unreachable storage: a clear error in seconds, not minutes of retries
-        from dali_loader.storage.remote import check_remote
-
-        check_remote(args.source)
-    import_tensorflow_quietly(getattr(args, "verbose", False))
+    prepare_source(args.source, getattr(args, "verbose", False))
     res = run_bench(args.source, step_time=args.step_time, batch_size=args.batch_size,
                     image_size=tuple(args.image_size), rounds=args.rounds,
                     max_batches=args.batches, cache_dir=args.cache_dir, include=args.only)

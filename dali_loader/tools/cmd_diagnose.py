@@ -7,7 +7,7 @@ import json
 import logging
 import sys
 
-from dali_loader.tools.cli_common import add_verbose_flag, cli_command, import_tensorflow_quietly
+from dali_loader.tools.cli_common import add_source_args, add_verbose_flag, cli_command, prepare_source
 
 __all__ = ["add_parsers", "handler"]
 
@@ -19,9 +19,7 @@ def add_parsers(subparsers) -> argparse.ArgumentParser:
         description="Measures each input stage on a sample of SOURCE (a local folder, a FUSE "
                     "mount or gs://bucket/prefix) and names the bottleneck: storage, decode or "
                     "consumer, with advice quoting the measured numbers.")
-    p.add_argument("source", help="local folder, FUSE path or gs://bucket/prefix")
-    p.add_argument("--step-time", type=float, default=0.0, metavar="S",
-                   help="seconds per batch of the synthetic training step (default: 0, none)")
+    add_source_args(p)
     p.add_argument("--batch-size", type=int, default=32, metavar="N")
     p.add_argument("--image-size", type=int, nargs=2, default=(256, 256), metavar=("H", "W"))
     p.add_argument("--sample", type=int, default=64, metavar="N",
@@ -40,16 +38,11 @@ def add_parsers(subparsers) -> argparse.ArgumentParser:
 @cli_command("diagnose")
 def handler(args: argparse.Namespace) -> int:
     """Runs the diagnosis and prints the table (or JSON). Returns the exit status."""
-    from dali_loader.storage.urls import is_remote
     from dali_loader.tools.diagnose import format_report, run_diagnose, to_json
 
     if not args.json:
         logging.basicConfig(level=logging.INFO, format="  %(message)s", stream=sys.stderr)
-    if is_remote(args.source):  # unreachable storage: a clear error in seconds, not minutes of retries
-        from dali_loader.storage.remote import check_remote
-
-        check_remote(args.source)
-    import_tensorflow_quietly(getattr(args, "verbose", False))
+    prepare_source(args.source, getattr(args, "verbose", False))
     m = run_diagnose(args.source, step_time=args.step_time, batch_size=args.batch_size,
                      image_size=tuple(args.image_size), sample=args.sample,
                      measure_loader=not args.no_loader, loader_in_flight=args.max_in_flight,
