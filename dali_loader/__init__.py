@@ -1,12 +1,14 @@
 """dali-loader: keep the GPU fed from image folders on disk, FUSE or gs://.
 
-The core, one job per module: `index` (files, labels, splits) -> `sources`,
-`remote`, `cache` (bytes on local disk) -> `readahead`, `validate` -> `pipeline`
-(the DALI graph) -> `loader` (epochs of batches, TF-free) -> `tfdata` (a
-Keras-shaped tf.data.Dataset; TF's kernels decode on the CPU, DALI on the GPU).
-`api` opens a source in one call; `cli` is the `dali-loader` command. The
-Keras-facing function lives in `tf_adapter`, which this package never imports.
-Heavy dependencies (DALI, TensorFlow, google-cloud-storage) load lazily.
+The library follows the data: `storage` (local folders, FUSE mounts, gs:// and
+fsspec URLs through a verified disk cache) -> `index` (Keras's files, labels and
+splits) -> `feed` (per-iteration order, read-ahead, byte checks, error policy)
+-> `decode` (the DALI graph and its batches; TF's own kernels) -> `tfdata` (a
+finite, Keras-shaped tf.data.Dataset). `api` opens a source in one call. The
+Keras-facing function lives in `tf_adapter`, which this package never imports;
+`tools` (the `dali-loader` CLI, bench, diagnose) and `testing` (a fake GCS
+server) sit beside it and are never imported by the library. Heavy dependencies
+(DALI, TensorFlow, google-cloud-storage) load lazily (`lazy`).
 """
 
 __version__ = "0.1.0"

@@ -4,6 +4,7 @@ the dataset loses nothing."""
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import threading
 import time
@@ -135,6 +136,13 @@ def test_dataset_garbage_collected_or_closed_releases_its_source(id_tree, gcs, t
     assert source._finalizer.alive  # val still uses it
     val.close()
     assert not source._finalizer.alive
+
+    for on_error in ON_ERROR:
+        with contextlib.closing(ours("gs://b", on_error=on_error, **kw)) as ds:  # ds.close()
+            assert sum(int(x.shape[0]) for x in ds) == 23
+        assert not ds._dali_loader.source._finalizer.alive
+        with pytest.raises(Exception, match="This dataset was closed"):  # never an empty epoch
+            next(iter(ds))
 
     ds = ours("gs://b", **kw)
     for _ in ds:

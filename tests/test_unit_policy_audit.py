@@ -122,7 +122,7 @@ def fed(auditor: Auditor) -> list[list[int]]:
 def test_auditor_all_survive():
     feed, reader = make_feed(10)
     diagnose = Diagnose()
-    a = Auditor(feed.epoch(), diagnose)
+    a = Auditor(feed.epoch, diagnose)
     assert fed(a) == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
     assert list(a.emitted) == list(range(10)) + [END]
     assert a.check([0, 1, 2, 3]) is False
@@ -137,7 +137,7 @@ def test_auditor_all_survive():
 def test_auditor_gap_skip_records_it():
     feed, reader = make_feed(10, on_error="skip")
     diagnose = Diagnose()
-    a = Auditor(feed.epoch(), diagnose)
+    a = Auditor(feed.epoch, diagnose)
     fed(a)
     assert a.check([0, 1, 3]) is False  # 2 dropped out in TF
     assert diagnose.paths == ["f2"]
@@ -153,7 +153,7 @@ def test_auditor_gap_skip_records_it():
 
 def test_auditor_gap_raise():
     feed, _ = make_feed(10, on_error="raise")
-    a = Auditor(feed.epoch(), Diagnose(UnreadableFileError("f4", "gone")))
+    a = Auditor(feed.epoch, Diagnose(UnreadableFileError("f4", "gone")))
     fed(a)
     assert a.check([0, 1, 2, 3]) is False
     with pytest.raises(UnreadableFileError, match="gone") as ei:
@@ -165,7 +165,7 @@ def test_auditor_gap_raise():
 @pytest.mark.parametrize("on_error", ["raise", "skip"])
 def test_auditor_gap_non_bad_file_error_is_raised(on_error):
     feed, _ = make_feed(6, on_error=on_error)
-    a = Auditor(feed.epoch(), Diagnose(RuntimeError("dropped out, but decodes now")))
+    a = Auditor(feed.epoch, Diagnose(RuntimeError("dropped out, but decodes now")))
     fed(a)
     with pytest.raises(RuntimeError, match="decodes now"):
         a.check([0, 2])
@@ -174,7 +174,7 @@ def test_auditor_gap_non_bad_file_error_is_raised(on_error):
 
 def test_auditor_end_raises_the_held_feed_exception():
     feed, reader = make_feed(10, boom={"f6"})
-    a = Auditor(feed.epoch(), Diagnose())
+    a = Auditor(feed.epoch, Diagnose())
     assert fed(a) == [[0, 1, 2, 3]]  # the feed failed in the second chunk: held
     assert isinstance(a.error, RuntimeError)
     assert list(a.emitted) == [0, 1, 2, 3, END]
@@ -187,7 +187,7 @@ def test_auditor_end_raises_the_held_feed_exception():
 
 def test_auditor_end_raises_a_held_bad_file_error():
     feed, _ = make_feed(10, on_error="raise", bad={"f1"})
-    a = Auditor(feed.epoch(), Diagnose())
+    a = Auditor(feed.epoch, Diagnose())
     assert fed(a) == []
     with pytest.raises(CorruptImageError) as ei:
         a.check([END])
@@ -211,8 +211,8 @@ class T:
 def test_registry_open_check_close():
     feed, reader = make_feed(6)
     reg = AuditRegistry()
-    a1 = Auditor(feed.epoch(), Diagnose())
-    a2 = Auditor(feed.epoch(), Diagnose())
+    a1 = Auditor(feed.epoch, Diagnose())
+    a2 = Auditor(feed.epoch, Diagnose())
     t1, t2 = reg.open(a1), reg.open(a2)
     assert t1 != t2 and t1 > 0 and t2 > 0
     assert len(reg) == 2
@@ -233,7 +233,7 @@ def test_registry_open_check_close():
 def test_registry_check_raises_auditor_errors():
     feed, _ = make_feed(6, on_error="raise")
     reg = AuditRegistry()
-    a = Auditor(feed.epoch(), Diagnose())
+    a = Auditor(feed.epoch, Diagnose())
     tok = reg.open(a)
     fed(a)
     with pytest.raises(CorruptImageError, match="f0"):
@@ -244,9 +244,9 @@ def test_registry_is_bounded():
     assert audit._FINISHED_KEPT == 64
     feed, _ = make_feed(3)
     reg = AuditRegistry()
-    auditors = [Auditor(feed.epoch(), Diagnose()) for _ in range(70)]
+    auditors = [Auditor(feed.epoch, Diagnose()) for _ in range(70)]
     tokens = [reg.open(a) for a in auditors]
-    live = reg.open(Auditor(feed.epoch(), Diagnose()))  # still feeding: never dropped
+    live = reg.open(Auditor(feed.epoch, Diagnose()))  # still feeding: never dropped
     for a in auditors:
         fed(a)
     for tok in tokens[:64]:

@@ -115,6 +115,13 @@ class Feed:
         self._finalizer()
 
 
+    def __enter__(self) -> Feed:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
 def _release(reader: ReadAhead | None, source) -> None:
     if reader is not None:
         reader.close()

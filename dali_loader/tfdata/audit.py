@@ -17,10 +17,12 @@ import collections
 import itertools
 import threading
 from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 from dali_loader.errors import BadFileError
 from dali_loader.feed.epochs import Chunk, FeedEpoch
 
+T = TypeVar("T")
 END = -1  # the marker's position
 _FINISHED_KEPT = 64  # fed-out iterations awaiting their last checks
 
@@ -29,26 +31,38 @@ class Auditor:
     """One iteration: emits its feed epoch's chunks, then checks decoded positions.
 
     Args:
-        epoch: The iteration's `FeedEpoch`.
+        open_epoch: Starts the iteration's `FeedEpoch` (in `chunks`, so that a
+            failure to start is held and raised like any other).
         diagnose: `path -> exception` for a file that dropped out: a
             `BadFileError` (unreadable or corrupt) or another error to raise.
     """
 
-    def __init__(self, epoch: FeedEpoch, diagnose: Callable[[str], Exception]):
-        self.epoch = epoch
+    def __init__(self, open_epoch: Callable[[], FeedEpoch],
+                 diagnose: Callable[[str], Exception]):
+        self._open_epoch = open_epoch
+        self.epoch: FeedEpoch | None = None
         self.diagnose = diagnose
         self.emitted: collections.deque[int] = collections.deque()
         self.error: BaseException | None = None
 
-    def chunks(self) -> Iterator[Chunk]:
-        """The epoch's chunks; a feed exception is held for the marker's check."""
+    def chunks(self, convert: Callable[[FeedEpoch, Chunk], T] = lambda e, c: c
+               ) -> Iterator[T]:
+        """`convert(epoch, chunk)` for each of the epoch's chunks. Any exception
+        (the feed's, or `convert`'s) is held for the marker's check."""
         try:
+            self.epoch = self._open_epoch()
             for chunk in self.epoch:
+                element = convert(self.epoch, chunk)
                 self.emitted.extend(chunk.positions)
-                yield chunk
+                yield element
         except Exception as e:  # noqa: BLE001 - raised by check() at the marker
             self.error = e
         self.emitted.append(END)
+
+    def close(self) -> None:
+        """Ends the iteration's epoch (its reads and held items)."""
+        if self.epoch is not None:
+            self.epoch.close()
 
     def check(self, positions: list[int]) -> bool:
         """Accounts for every emitted position up to each survivor; True at the end."""
@@ -59,9 +73,10 @@ class Auditor:
                 if self.emitted:
                     self.emitted.popleft()
         finally:
-            self.epoch.release(positions)
+            if self.epoch is not None:
+                self.epoch.release(positions)
         if positions and positions[-1] == END:
-            self.epoch.close()
+            self.close()
             if self.error is not None:
                 err, self.error = self.error, None
                 raise err
@@ -107,14 +122,14 @@ class AuditRegistry:
                 stale.append(self._auditors.pop(old, None))
         for auditor in stale:
             if auditor is not None:
-                auditor.epoch.close()
+                auditor.close()
 
     def close(self, token: int) -> None:
         with self._lock:
             auditor = self._auditors.pop(token, None)
             self._fed_out.pop(token, None)
         if auditor is not None:
-            auditor.epoch.close()
+            auditor.close()
 
     def __len__(self) -> int:
         return len(self._auditors)

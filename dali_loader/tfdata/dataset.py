@@ -186,17 +186,21 @@ class _TFKernelEpochs:
 
     def epoch(self):
         registry = self.registry
-        auditor = Auditor(self.feed.epoch(), self.diagnose)
+        auditor = Auditor(self.feed.epoch, self.diagnose)
         token = registry.open(auditor)
+
+        def element(epoch, chunk):
+            data, offsets = zip(*map(_as_string_and_offset, chunk.items))
+            labels = epoch.labels(chunk.positions)
+            labels = np.zeros(len(data), np.int32) if labels is None else labels
+            return (list(data), np.asarray(offsets, np.int64), labels,
+                    np.asarray(chunk.positions, np.int64), np.full(len(data), token, np.int64))
+
         fed_out = False
         try:
-            for chunk in auditor.chunks():
-                data, offsets = zip(*map(_as_string_and_offset, chunk.items))
-                labels = auditor.epoch.labels(chunk.positions)
-                labels = np.zeros(len(data), np.int32) if labels is None else labels
-                yield (list(data), np.asarray(offsets, np.int64), labels,
-                       np.asarray(chunk.positions, np.int64),
-                       np.full(len(data), token, np.int64))
+            # Nothing may raise here outside the auditor: `ignore_errors()`
+            # downstream would turn an exception into a silently short epoch.
+            yield from auditor.chunks(element)
             yield ([END_MARKER], np.asarray([-1], np.int64), np.zeros(1, np.int32),
                    np.asarray([END], np.int64), np.asarray([token], np.int64))
             fed_out = True
