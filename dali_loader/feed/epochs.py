@@ -12,7 +12,6 @@ it, cancels its reads and releases what it holds.
 from __future__ import annotations
 
 import collections
-import itertools
 import threading
 import time
 import weakref
@@ -64,7 +63,6 @@ class Feed:
         self.on_error = check_on_error(on_error)
         self.max_in_flight = positive_int("max_in_flight", max_in_flight)
         self.report = SkipReport()
-        self._numbers = itertools.count()
         self._started = 0
         self._lock = threading.Lock()
         self.source = source
@@ -103,7 +101,7 @@ class Feed:
         if self.closed:
             raise RuntimeError("This dataset was closed; create a new one to iterate again.")
         with self._lock:
-            number = next(self._numbers)
+            number = self._started
             self._started += 1
         return FeedEpoch(self, number)
 
@@ -113,7 +111,6 @@ class Feed:
         """Stops the read threads (running epochs stop getting new reads) and lets
         go of the source (closed when its last feed lets go). Idempotent."""
         self._finalizer()
-
 
     def __enter__(self) -> Feed:
         return self
