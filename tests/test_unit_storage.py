@@ -283,26 +283,18 @@ def _api_exceptions():
 
 @pytest.mark.parametrize(
     "make, retry",
-    [
-        (lambda E: E.NotFound("x"), False),
-        (lambda E: E.Forbidden("x"), False),
-        (lambda E: E.Unauthorized("x"), False),
-        (lambda E: E.BadRequest("x"), False),
-        (lambda E: E.from_http_status(404, "x"), False),
-        (lambda E: E.from_http_status(403, "x"), False),
-        (lambda E: E.ServiceUnavailable("x"), True),
-        (lambda E: E.TooManyRequests("x"), True),
-        (lambda E: E.InternalServerError("x"), True),
-        (lambda E: E.BadGateway("x"), True),
-        (lambda E: E.GatewayTimeout("x"), True),
-        (lambda E: E.from_http_status(503, "x"), True),
-        (lambda E: E.from_http_status(429, "x"), True),
-        (lambda E: ConnectionError("reset"), True),
-        (lambda E: TimeoutError("slow"), True),
-        (lambda E: ValueError("x"), False),
-        (lambda E: TypeError("x"), False),
-        (lambda E: KeyError("x"), False),
-    ],
+    [(lambda E, n=name: getattr(E, n)("x"), False)
+     for name in ("NotFound", "Forbidden", "Unauthorized", "BadRequest", "Conflict",
+                  "PreconditionFailed")]
+    + [(lambda E, n=name: getattr(E, n)("x"), True)
+       for name in ("ServiceUnavailable", "TooManyRequests", "InternalServerError",
+                    "BadGateway", "GatewayTimeout")]
+    + [(lambda E, c=code: E.from_http_status(c, "x"), code in (408, 429) or code >= 500)
+       for code in (403, 404, 408, 409, 412, 429, 503)]
+    + [(lambda E: ConnectionError("reset"), True), (lambda E: TimeoutError("slow"), True),
+       (lambda E: PermissionError("x"), False), (lambda E: FileNotFoundError("x"), False),
+       (lambda E: ValueError("x"), False), (lambda E: TypeError("x"), False),
+       (lambda E: KeyError("x"), False)],
 )
 def test_gcs_retryable(make, retry):
     E = _api_exceptions()
