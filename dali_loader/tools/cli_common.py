@@ -23,7 +23,7 @@ from typing import Callable
 
 from dali_loader.errors import StorageError
 
-__all__ = ["CLI_ERRORS", "add_source_args", "add_verbose_flag", "cli_command", "error_message", "import_tensorflow_quietly",
+__all__ = ["CLI_ERRORS", "add_source_command", "add_verbose_flag", "cli_command", "error_message", "import_tensorflow_quietly",
            "prepare_source", "quiet_native_logs", "run_command"]
 
 #: The errors reported as one line (anything else is a bug: full traceback).
@@ -144,8 +144,14 @@ def prepare_source(source: str, verbose: bool = False) -> None:
     import_tensorflow_quietly(verbose)
 
 
-def add_source_args(parser: argparse.ArgumentParser) -> None:
-    """The arguments `bench` and `diagnose` share: SOURCE and the synthetic step."""
+def add_source_command(subparsers, name: str, handler: Callable, *, help: str,
+                       description: str) -> argparse.ArgumentParser:
+    """Registers a subcommand that reads SOURCE with a synthetic training step
+    (`bench`, `diagnose`): its parser, with SOURCE, --step-time and -v."""
+    parser = subparsers.add_parser(name, help=help, description=description)
     parser.add_argument("source", help="local folder, FUSE path or gs://bucket/prefix")
     parser.add_argument("--step-time", type=float, default=0.0, metavar="S",
                         help="seconds per batch of the synthetic training step (default: 0, none)")
+    add_verbose_flag(parser)
+    parser.set_defaults(func=handler)
+    return parser

@@ -7,20 +7,17 @@ import logging
 import os
 import sys
 
-from dali_loader.tools.cli_common import add_source_args, add_verbose_flag, cli_command, prepare_source
-
-__all__ = ["add_parsers", "handler"]
+from dali_loader.tools.cli_common import add_source_command, cli_command, prepare_source
 
 
 def add_parsers(subparsers) -> argparse.ArgumentParser:
     """Registers the ``bench`` subcommand on an argparse ``subparsers`` object."""
-    p = subparsers.add_parser(
-        "bench", help="benchmark the seed pipeline, tuned tf.data and this loader",
+    p = add_source_command(
+        subparsers, "bench", handler, help="benchmark the seed pipeline, tuned tf.data and this loader",
         description="Runs, alternating in one process, the question's tf.data pipeline verbatim, "
                     "a tuned tf.data pipeline and this loader (CPU, and GPU when present), each "
                     "feeding a synthetic step; writes results.json, results.md and "
                     "throughput.png.")
-    add_source_args(p)
     p.add_argument("--out", default=os.path.join("out", "bench"), metavar="DIR",
                    help="output folder (default: out/bench)")
     p.add_argument("--tensorboard", default=None, metavar="DIR",
@@ -35,8 +32,6 @@ def add_parsers(subparsers) -> argparse.ArgumentParser:
                    help="loader cache for gs:// (default: a fresh temporary folder)")
     p.add_argument("--only", nargs="+", default=None, metavar="NAME",
                    help="run only these pipelines: seed tuned loader loader-cpu loader-gpu")
-    add_verbose_flag(p)
-    p.set_defaults(func=handler)
     return p
 
 

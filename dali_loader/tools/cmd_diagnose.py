@@ -7,19 +7,16 @@ import json
 import logging
 import sys
 
-from dali_loader.tools.cli_common import add_source_args, add_verbose_flag, cli_command, prepare_source
-
-__all__ = ["add_parsers", "handler"]
+from dali_loader.tools.cli_common import add_source_command, cli_command, prepare_source
 
 
 def add_parsers(subparsers) -> argparse.ArgumentParser:
     """Registers the ``diagnose`` subcommand on an argparse ``subparsers`` object."""
-    p = subparsers.add_parser(
-        "diagnose", help="measure listing, reads, decode, resize, the loader and the step",
+    p = add_source_command(
+        subparsers, "diagnose", handler, help="measure listing, reads, decode, resize, the loader and the step",
         description="Measures each input stage on a sample of SOURCE (a local folder, a FUSE "
                     "mount or gs://bucket/prefix) and names the bottleneck: storage, decode or "
                     "consumer, with advice quoting the measured numbers.")
-    add_source_args(p)
     p.add_argument("--batch-size", type=int, default=32, metavar="N")
     p.add_argument("--image-size", type=int, nargs=2, default=(256, 256), metavar=("H", "W"))
     p.add_argument("--sample", type=int, default=64, metavar="N",
@@ -30,8 +27,6 @@ def add_parsers(subparsers) -> argparse.ArgumentParser:
                    help="loader device (default: auto)")
     p.add_argument("--no-loader", action="store_true", help="skip the end-to-end loader run")
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    add_verbose_flag(p)
-    p.set_defaults(func=handler)
     return p
 
 
