@@ -16,7 +16,7 @@ import numpy as np
 
 from dali_loader.api import open_index
 from dali_loader.args import positive_int
-from dali_loader.decode.devices import resolve_device
+from dali_loader.decode.devices import dali_gpu_count, resolve_device
 from dali_loader.decode.spec import INTERPOLATIONS, ImageSpec, channels_for
 from dali_loader.feed.policy import check_on_error
 from dali_loader.index import ALLOWLIST_FORMATS, split
@@ -110,6 +110,24 @@ def _check_loader_args(on_error, num_threads, max_in_flight, cache_max_bytes):
         )
 
 
+def _shard_of(input_context) -> tuple[int, int]:
+    """`(pipeline id, pipelines)` of a `tf.distribute.InputContext`, or (0, 1)."""
+    if input_context is None:
+        return (0, 1)
+    try:
+        shard = (int(input_context.input_pipeline_id), int(input_context.num_input_pipelines))
+    except AttributeError:
+        raise ValueError(
+            "`input_context` must be the tf.distribute.InputContext passed to the "
+            "function given to strategy.distribute_datasets_from_function. "
+            f"Received: input_context={input_context!r}"
+        ) from None
+    if not 0 <= shard[0] < shard[1]:
+        raise ValueError(f"Invalid input pipeline {shard[0]} of {shard[1]}. "
+                         f"Received: input_context={input_context!r}")
+    return shard
+
+
 def _data_format(data_format):
     if data_format is None:
         import keras
@@ -152,6 +170,7 @@ def image_dataset_from_directory(
     cache_dir=None,
     cache_max_bytes=None,
     decoder=None,
+    input_context=None,
 ):
     """Generates a `tf.data.Dataset` from image files in a directory.
 
@@ -171,6 +190,12 @@ def image_dataset_from_directory(
         cache_max_bytes: Cache size bound, least recently used evicted first.
         decoder: None (DALI on the GPU; TensorFlow's own kernels on the CPU,
             where they are faster and bit-identical to Keras), "dali" or "tf".
+        input_context: A `tf.distribute.InputContext` (inside
+            `strategy.distribute_datasets_from_function`): this input pipeline
+            reads only its own batches of each epoch (batch k goes to pipeline
+            k mod num_input_pipelines), DALI on its own GPU. Pass the
+            per-replica batch size as `batch_size`. The split is made before
+            sharding; every file is read once per epoch across all pipelines.
 
     Returns:
         A `tf.data.Dataset`, or a list of two for `subset="both"`, each with
@@ -184,6 +209,7 @@ def image_dataset_from_directory(
         labels = None
         label_mode = None
     _check_loader_args(on_error, num_threads, max_in_flight, cache_max_bytes)
+    shard = _shard_of(input_context)
     device = resolve_device(device, import_tf())
     if decoder not in (None, "dali", "tf"):
         raise ValueError(
@@ -229,7 +255,8 @@ def image_dataset_from_directory(
         loader = make_loader(
             source, sub_index, spec, batch_size=batch_size or 32, shuffle=sub_shuffle,
             seed=seed, device=device, decoder=decoder, num_threads=num_threads,
-            on_error=on_error, max_in_flight=max_in_flight,
+            on_error=on_error, max_in_flight=max_in_flight, shard=shard,
+            device_id=shard[0] % max(1, dali_gpu_count()) if device == "gpu" else 0,
         )
         ds = to_tf_dataset(loader, spec, batch_size, label_mode,
                            len(class_names) if class_names else 0, num_threads=num_threads)

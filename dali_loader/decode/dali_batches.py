@@ -75,16 +75,18 @@ class DaliBatches:
         spec: The output image spec.
         device: "cpu" or "gpu" (the `mixed` decoder and GPU resize).
         num_threads: DALI CPU threads (default: cores available).
+        device_id: The CUDA device, with "gpu" (one per replica under a strategy).
     """
 
     def __init__(self, feed: Feed, spec: ImageSpec, *, device: str = "cpu",
-                 num_threads: int | None = None):
+                 num_threads: int | None = None, device_id: int = 0):
         if device not in ("cpu", "gpu"):
             raise ValueError(f'`device` must be "cpu" or "gpu". Received: device={device}')
         self.feed = feed
         self.spec = spec
         self.device = device
         self.num_threads = num_threads
+        self.device_id = device_id
         self.batch_size = feed.chunk_size
         self.pipeline_builds = 0
         # Per epoch, bounded: feed epoch start and pipeline checkout (or build).
@@ -118,7 +120,7 @@ class DaliBatches:
         with self._lock:
             self.pipeline_builds += 1
         pipe = build_pipeline(slot, self.spec, self.batch_size, gpu=self.device == "gpu",
-                              num_threads=self.num_threads)
+                              device_id=self.device_id, num_threads=self.num_threads)
         return pipe, slot
 
     def _checkout(self) -> tuple[object, _Slot]:

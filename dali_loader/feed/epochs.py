@@ -22,7 +22,7 @@ import numpy as np
 
 from dali_loader.args import positive_int
 from dali_loader.errors import BadFileError
-from dali_loader.feed.order import epoch_order
+from dali_loader.feed.order import epoch_order, shard_of, shard_size
 from dali_loader.feed.policy import EpochErrors, SkipReport, check_on_error
 from dali_loader.feed.readahead import ReadAhead
 from dali_loader.index import Index
@@ -50,14 +50,26 @@ class Feed:
             chunks, at least `max_in_flight`).
         source: The `Source` the items come from; the feed holds it open
             until it is closed or garbage-collected.
+        batch_size: The consumer's batch size (default: `chunk_size`): the
+            unit of sharding.
+        shard: `(pipeline, num_pipelines)`: read only this input pipeline's
+            batches of each epoch (`order.shard_of`); `(0, 1)` reads all.
     """
 
     def __init__(self, index: Index, items, *, chunk_size: int, shuffle: bool = False,
                  seed: int = 0, on_error: str = "raise", max_in_flight: int = 64,
-                 read_ahead: int | None = None, source=None):
+                 read_ahead: int | None = None, source=None, batch_size: int | None = None,
+                 shard: tuple[int, int] = (0, 1)):
         self.index = index
         self.items = items
         self.chunk_size = positive_int("chunk_size", chunk_size)
+        self.batch_size = positive_int("batch_size", batch_size or chunk_size)
+        pipeline, pipelines = shard
+        positive_int("num_pipelines", pipelines)
+        if not isinstance(pipeline, int) or not 0 <= pipeline < pipelines:
+            raise ValueError("The input pipeline id must be in [0, num_pipelines). "
+                             f"Received: shard={shard}")
+        self.shard = (pipeline, pipelines)
         self.shuffle = shuffle
         self.seed = int(seed)
         self.on_error = check_on_error(on_error)
@@ -78,8 +90,8 @@ class Feed:
 
     @property
     def num_files(self) -> int:
-        """Files per epoch (before any skipped file)."""
-        return len(self.index)
+        """Files this feed reads per epoch (its shard; before any skipped file)."""
+        return shard_size(len(self.index), self.batch_size, *self.shard)
 
     @property
     def epochs_started(self) -> int:
@@ -131,14 +143,15 @@ class FeedEpoch:
 
     Attributes:
         number: The epoch number (decides the order when shuffling).
-        order: The index positions in this epoch's order.
+        order: The index positions this epoch reads (its shard), in order.
         errors: This epoch's `on_error` handler and its record of skipped files.
     """
 
     def __init__(self, feed: Feed, number: int):
         t0 = time.perf_counter()
         self.number = number
-        self.order = epoch_order(len(feed.index), feed.shuffle, feed.seed, number)
+        order = epoch_order(len(feed.index), feed.shuffle, feed.seed, number)
+        self.order = shard_of(order, feed.batch_size, *feed.shard)
         self.errors = EpochErrors(feed.on_error, feed.report)
         self._feed = feed
         self._items = feed.items

@@ -1,4 +1,5 @@
-"""Epoch order: which index positions an epoch reads, in what order."""
+"""Epoch order: which index positions an epoch reads, in what order, and which shard of it
+one input pipeline (replica or worker) reads."""
 
 from __future__ import annotations
 
@@ -11,3 +12,27 @@ def epoch_order(n: int, shuffle: bool, seed: int, epoch: int) -> np.ndarray:
     if not shuffle:
         return np.arange(n)
     return np.random.default_rng([seed, epoch]).permutation(n)
+
+
+def shard_of(order: np.ndarray, batch_size: int, shard: int, num_shards: int) -> np.ndarray:
+    """The part of an epoch's `order` that input pipeline `shard` of `num_shards` reads.
+
+    The order is cut into batches of `batch_size`; pipeline `shard` takes
+    batches shard, shard + num_shards, ... So, per epoch, every file goes to
+    exactly one pipeline, all batches are full but the epoch's last one, and
+    the pipelines' batch counts differ by at most one. Every worker computes
+    the same order from the same seed, so the shards are disjoint.
+    """
+    if num_shards == 1:
+        return order
+    batch_of = np.arange(len(order)) // batch_size
+    return order[batch_of % num_shards == shard]
+
+
+def shard_size(n: int, batch_size: int, shard: int, num_shards: int) -> int:
+    """Files pipeline `shard` reads per epoch (see `shard_of`)."""
+    full, last = divmod(n, batch_size)
+    batches = full + (last > 0)
+    mine = len(range(shard, batches, num_shards))
+    has_last = last > 0 and (batches - 1) % num_shards == shard
+    return mine * batch_size - (batch_size - last if has_last else 0)

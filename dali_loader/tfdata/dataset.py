@@ -62,16 +62,19 @@ def _as_string_and_offset(item) -> tuple[bytes, int]:
 def make_loader(source: Source, index: Index, spec: ImageSpec, *, batch_size: int,
                 shuffle: bool, seed: int, device: str, decoder: str | None = None,
                 num_threads: int | None = None, on_error: str = "raise",
-                max_in_flight: int = 64) -> DaliBatches | Feed:
+                max_in_flight: int = 64, shard: tuple[int, int] = (0, 1),
+                device_id: int = 0) -> DaliBatches | Feed:
     """What a dataset iterates: `DaliBatches` on the GPU (or `decoder="dali"`),
     else a `Feed` for TF's kernels. On a local disk TF reads the files; FUSE/NFS
-    mounts and URLs keep the feed's read-ahead with `max_in_flight` reads."""
+    mounts and URLs keep the feed's read-ahead with `max_in_flight` reads.
+    `shard` selects one input pipeline's batches of every epoch (`feed.order`)."""
     kw = dict(shuffle=shuffle, seed=seed, on_error=on_error, max_in_flight=max_in_flight,
-              source=source)
+              source=source, batch_size=batch_size, shard=shard)
     if decoder == "dali" or device == "gpu":
         feed = Feed(index, CheckedBytes(source, rgba=spec.channels == 4),
                     chunk_size=batch_size, **kw)
-        return DaliBatches(feed, spec, device=device, num_threads=num_threads)
+        return DaliBatches(feed, spec, device=device, num_threads=num_threads,
+                           device_id=device_id)
     items = {SourceKind.LOCAL_DISK: Paths(), SourceKind.NETWORK_FS: RawBytes(source),
              SourceKind.REMOTE: PinnedOrBytes(source)}[source.kind]
     # TF batches again after decoding: small chunks let decoding start on the
