@@ -382,3 +382,37 @@ def test_close_during_next_chunk_releases_its_items(feeds):
     wait_for(reader.settled)
     time.sleep(0.05)
     assert reader.unreleased() == []
+
+
+# --- sharding by input pipeline ------------------------------------------------------------------
+
+@pytest.mark.parametrize("n, batch, pipelines", [(23, 4, 2), (23, 4, 3), (17, 4, 2), (8, 4, 2),
+                                                  (3, 4, 2), (40, 5, 4), (1, 1, 3)])
+def test_shards_cover_every_file_once_per_epoch(n, batch, pipelines):
+    from dali_loader.feed.order import shard_size
+
+    feeds = [Feed(make_index(n), FakeReader(io=False), chunk_size=batch, shuffle=True, seed=11,
+                  shard=(p, pipelines)) for p in range(pipelines)]
+    for epoch in range(3):
+        per_pipeline = []
+        for f in feeds:
+            chunks = list(f.epoch())
+            positions = [p for c in chunks for p in c.positions]
+            assert len(positions) == f.num_files == shard_size(n, batch, *f.shard)
+            # Every batch is full but the epoch's last one.
+            assert all(len(c.positions) == batch for c in chunks[:-1])
+            per_pipeline.append(positions)
+        everything = sorted(p for ps in per_pipeline for p in ps)
+        assert everything == list(range(n))  # exactly once across the pipelines
+        batches = [-(-len(ps) // batch) for ps in per_pipeline]
+        assert max(batches) - min(batches) <= 1
+        # The shards are this epoch's order, cut into batches dealt round-robin.
+        order = epoch_order(n, True, 11, epoch).tolist()
+        dealt = [order[i:i + batch] for i in range(0, n, batch)]
+        assert per_pipeline == [sum(dealt[p::pipelines], []) for p in range(pipelines)]
+
+
+def test_shard_argument_is_checked():
+    for shard in [(2, 2), (-1, 2), (0, 0)]:
+        with pytest.raises(ValueError, match="Received"):
+            Feed(make_index(4), FakeReader(io=False), chunk_size=2, shard=shard)
