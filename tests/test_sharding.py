@@ -40,3 +40,7 @@ def test_pipelines_split_each_epoch_exactly_once(id_tree, decoder, pipelines):
 def test_input_context_is_checked(id_tree):
     with pytest.raises(ValueError, match="input_context"):
         ours(str(id_tree), input_context=object())
+    ctx = tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=0)
+    with pytest.raises(ValueError, match="same `seed`"):  # else the shards would overlap
+        ours(str(id_tree), input_context=ctx)
+    ours(str(id_tree), input_context=ctx, shuffle=False, verbose=False)  # no seed needed

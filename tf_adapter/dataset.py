@@ -225,6 +225,12 @@ def image_dataset_from_directory(
             "Only one of `pad_to_aspect_ratio`, `crop_to_aspect_ratio`"
             " can be set to `True`."
         )
+    if shard[1] > 1 and shuffle and seed is None:
+        raise ValueError(
+            "With `input_context` and shuffling, every input pipeline must use the same "
+            "`seed`, so that they shuffle alike and read disjoint shards. Pass `seed`. "
+            f"Received: seed=None, input_context={input_context!r}"
+        )
     if seed is None:
         seed = np.random.randint(1e6)
     source, index = open_index(
