@@ -37,6 +37,19 @@ def test_pipelines_split_each_epoch_exactly_once(id_tree, decoder, pipelines):
         assert val_seen == sorted(set(range(23)) - train_ids)  # no overlap with training
 
 
+def test_uneven_shards_leave_the_cardinality_unknown(id_tree):
+    """5 batches over 2 pipelines (3 and 2): declared, the workers would run different
+    step counts; unknown, tf.distribute runs both until all are exhausted."""
+    kw = dict(image_size=(8, 8), batch_size=5, seed=1, verbose=False, label_mode=None)
+    shards = [ours(str(id_tree), input_context=tf.distribute.InputContext(2, p, 2), **kw)
+              for p in range(2)]
+    assert [len(list(ds)) for ds in shards] == [3, 2]
+    assert [int(ds.cardinality()) for ds in shards] == [tf.data.UNKNOWN_CARDINALITY] * 2
+    even = [ours(str(id_tree), input_context=tf.distribute.InputContext(2, p, 2),
+                 **{**kw, "batch_size": 6}) for p in range(2)]  # 4 batches: 2 + 2
+    assert [int(ds.cardinality()) for ds in even] == [2, 2]
+
+
 def test_input_context_is_checked(id_tree):
     with pytest.raises(ValueError, match="input_context"):
         ours(str(id_tree), input_context=object())

@@ -94,6 +94,14 @@ class Feed:
         return shard_size(len(self.index), self.batch_size, *self.shard)
 
     @property
+    def shards_even(self) -> bool:
+        """Whether every input pipeline reads as many batches per epoch as this one
+        (always, unsharded). Under tf.distribute, pipelines that declared different
+        batch counts would run different step counts."""
+        batches = -(-len(self.index) // self.batch_size)
+        return batches % self.shard[1] == 0
+
+    @property
     def epochs_started(self) -> int:
         """Iterations started so far."""
         return self._started

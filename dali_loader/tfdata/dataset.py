@@ -94,7 +94,8 @@ def to_tf_dataset(loader: DaliBatches | Feed, spec: ImageSpec, batch_size: int |
         num_classes: For "categorical".
         num_threads: TF's parallel decodes (default: cores available).
 
-    The cardinality is asserted when `on_error="raise"` (no file is left out).
+    The cardinality is asserted when `on_error="raise"` (no file is left out)
+    and, when sharded, every input pipeline reads as many batches.
     The dataset keeps the loader in `ds._dali_loader`; `ds.close()` releases it.
     """
     tf = import_tf()
@@ -110,7 +111,12 @@ def to_tf_dataset(loader: DaliBatches | Feed, spec: ImageSpec, batch_size: int |
         ds = ds.map(lambda x, y: (x, tf.one_hot(y, num_classes)))
     elif label_mode == "binary":
         ds = ds.map(lambda x, y: (x, tf.expand_dims(tf.cast(y, "float32"), -1)))
-    if feed.on_error == "raise":
+    if feed.on_error == "raise" and feed.shards_even:
+        # Sharded with uneven batch counts, the cardinality stays unknown: each
+        # worker's tf.distribute would take its own pipeline's count as the
+        # steps per epoch, and workers running different step counts deadlock
+        # their collectives. Unknown, tf.distribute runs every replica until
+        # all are exhausted (an empty batch for a replica that has none).
         size = -(-feed.num_files // batch_size) if batch_size else feed.num_files
         ds = ds.apply(tf.data.experimental.assert_cardinality(size))
     ds = ds.prefetch(tf.data.AUTOTUNE)
