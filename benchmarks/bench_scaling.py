@@ -24,14 +24,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
-import subprocess
 import sys
 import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+sys.path.insert(0, ROOT)
+
+from dali_loader.testing.cluster import run_processes, strategy as make_strategy  # noqa: E402
+
 GLOBAL_BATCH = 64
 IMAGE_SIZE = (244, 244)
 CHILD_TIMEOUT = 240  # seconds, per set-up
@@ -43,20 +45,9 @@ def child(mode: str, data: str, out: str) -> None:
     """One process of a set-up: warm-up epoch (fingerprints), timed epoch; JSON to `out`."""
     import hashlib
 
-    import tensorflow as tf
-
     from tf_adapter import image_dataset_from_directory
 
-    strategy, options = None, None
-    if mode == "mirrored":
-        cpu = tf.config.list_physical_devices("CPU")[0]
-        tf.config.set_logical_device_configuration(
-            cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
-        strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
-        options = tf.distribute.InputOptions(
-            experimental_replication_mode=tf.distribute.InputReplicationMode.PER_REPLICA)
-    elif mode == "multi":
-        strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    strategy, options = make_strategy(mode)
 
     made = []
 
@@ -98,55 +89,11 @@ def child(mode: str, data: str, out: str) -> None:
 
 # -------------------------------------------------------------------- parent
 
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
 def run_setup(mode: str, workers: int, data: str, tmp: str) -> list[dict]:
     """Runs one set-up's processes at once; their results, in task order."""
-    ports = _free_ports(workers)
-    procs, outs, logs = [], [], []
-    try:
-        for i in range(workers):
-            env = dict(os.environ, CUDA_VISIBLE_DEVICES="", TF_CPP_MIN_LOG_LEVEL="3")
-            env.pop("TF_CONFIG", None)
-            if mode == "multi":
-                env["TF_CONFIG"] = json.dumps({
-                    "cluster": {"worker": [f"127.0.0.1:{p}" for p in ports]},
-                    "task": {"type": "worker", "index": i}})
-            outs.append(os.path.join(tmp, f"{mode}{workers}-{i}.json"))
-            logs.append(os.path.join(tmp, f"{mode}{workers}-{i}.log"))
-            with open(logs[-1], "wb") as log:
-                procs.append(subprocess.Popen(
-                    [sys.executable, os.path.abspath(__file__), "--child", mode, data, outs[-1]],
-                    cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT))
-        deadline = time.monotonic() + CHILD_TIMEOUT
-        for p in procs:
-            try:
-                p.wait(timeout=max(1.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    results = []
-    for p, out, log in zip(procs, outs, logs):
-        if p.returncode != 0 or not os.path.exists(out):
-            with open(log, errors="replace") as f:
-                tail = "".join(f.readlines()[-30:])
-            raise RuntimeError(f"{mode} ({workers} process(es)) failed, exit {p.returncode}:\n{tail}")
-        with open(out) as f:
-            results.append(json.load(f))
-    return results
+    return run_processes(
+        lambda i, out: [sys.executable, os.path.abspath(__file__), "--child", mode, data, out],
+        workers, mode, tmp, timeout=CHILD_TIMEOUT, cwd=ROOT)
 
 
 def summarize(name: str, results: list[dict], total: int) -> dict:
@@ -200,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"data: {args.num_images} photo-like PNGs, 375x500, 4 classes "
                   f"(made in {time.perf_counter() - t:.1f} s)")
         total = sum(len(files) for _, _, files in os.walk(data))
-        setups = [("1 replica", "plain", 1), ("2 replicas (Mirrored)", "mirrored", 1),
+        setups = [("1 replica", "single", 1), ("2 replicas (Mirrored)", "mirrored", 1),
                   ("1 worker (MWMS)", "multi", 1), ("2 workers (MWMS)", "multi", 2)]
         rows = []
         for name, mode, workers in setups:

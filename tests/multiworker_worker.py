@@ -90,20 +90,12 @@ def _keras_multiworker_workarounds(model, strategy) -> None:
 
 def main(mode: str, id_tree: str, out_path: str) -> None:
     import numpy as np
-    import tensorflow as tf
 
-    if mode == "mirrored":
-        cpu = tf.config.list_physical_devices("CPU")[0]
-        tf.config.set_logical_device_configuration(
-            cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
-        strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
-        options = tf.distribute.InputOptions(
-            experimental_replication_mode=tf.distribute.InputReplicationMode.PER_REPLICA)
-    elif mode == "multi":
-        strategy = tf.distribute.MultiWorkerMirroredStrategy()
-        options = None
-    else:
+    from dali_loader.testing.cluster import strategy as make_strategy
+
+    if mode not in ("mirrored", "multi"):
         raise SystemExit(f"unknown mode {mode!r}")
+    strategy, options = make_strategy(mode)
 
     import keras
 

@@ -7,15 +7,12 @@ tests/multiworker_worker.py (TF is already initialised in this process).
 
 from __future__ import annotations
 
-import json
-import os
 import pathlib
-import socket
-import subprocess
 import sys
-import time
 
 import pytest
+
+from dali_loader.testing.cluster import run_processes
 
 HERE = pathlib.Path(__file__).resolve().parent
 WORKER = HERE / "multiworker_worker.py"
@@ -23,59 +20,10 @@ IDS = set(range(23))  # the id_tree fixture
 RUN_TIMEOUT = 150  # seconds, for one run of the workers (about 15 s on 2 cores)
 
 
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
-def _env(**extra) -> dict:
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", TF_CPP_MIN_LOG_LEVEL="3", **extra)
-    env.pop("TF_CONFIG", None)
-    return env
-
-
 def _run_workers(mode: str, id_tree, tmp: pathlib.Path, num: int) -> list[dict]:
     """Runs `num` worker processes at once; their JSON results, in task order."""
-    ports = _free_ports(num)
-    procs, logs, outs = [], [], []
-    try:
-        for i in range(num):
-            env = _env()
-            if mode == "multi":
-                env["TF_CONFIG"] = json.dumps({
-                    "cluster": {"worker": [f"127.0.0.1:{p}" for p in ports]},
-                    "task": {"type": "worker", "index": i}})
-            outs.append(tmp / f"{mode}{i}.json")
-            logs.append(open(tmp / f"{mode}{i}.log", "wb"))
-            procs.append(subprocess.Popen(
-                [sys.executable, str(WORKER), mode, str(id_tree), str(outs[-1])],
-                cwd=HERE.parent, env=env, stdout=logs[-1], stderr=subprocess.STDOUT))
-        deadline = time.monotonic() + RUN_TIMEOUT
-        for p in procs:
-            try:
-                p.wait(timeout=max(1.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-        for f in logs:
-            f.close()
-    results = []
-    for i, (p, out) in enumerate(zip(procs, outs)):
-        log = (tmp / f"{mode}{i}.log").read_text(errors="replace")
-        tail = "\n".join(log.splitlines()[-40:])
-        assert out.exists(), f"{mode} worker {i} wrote no result (exit {p.returncode}):\n{tail}"
-        results.append(json.loads(out.read_text()))
-    return results
+    return run_processes(lambda i, out: [sys.executable, str(WORKER), mode, str(id_tree), out],
+                         num, mode, str(tmp), timeout=RUN_TIMEOUT, cwd=str(HERE.parent))
 
 
 def _check_epoch(ids_per_pipeline: list[list[int]], per_replica_batch: int) -> None:
