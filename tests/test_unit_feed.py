@@ -416,3 +416,35 @@ def test_shard_argument_is_checked():
     for shard in [(2, 2), (-1, 2), (0, 0)]:
         with pytest.raises(ValueError, match="Received"):
             Feed(make_index(4), FakeReader(io=False), chunk_size=2, shard=shard)
+
+
+# --- resuming: seek and start_step ---------------------------------------------------------------
+
+@pytest.mark.parametrize("pipelines", [1, 2, 3])
+def test_start_step_reads_exactly_the_rest_of_the_epoch_per_pipeline(pipelines):
+    n, batch = 23, 3
+    for p in range(pipelines):
+        reader = FakeReader(io=False)
+        feed = Feed(make_index(n), reader, chunk_size=batch, shuffle=True, seed=5,
+                    shard=(p, pipelines))
+        whole = [c.positions for c in feed.epoch(4)]
+        for k in range(feed.num_batches + 1):
+            calls = len(reader.calls)
+            rest = [c.positions for c in feed.epoch(4, start_step=k)]
+            assert rest == whole[k:]  # the same epoch's batches from k on
+            assert len(reader.calls) - calls == sum(map(len, whole[k:]))  # nothing before k read
+    feed = Feed(make_index(n), FakeReader(io=False), chunk_size=batch)
+    for bad in (-1, feed.num_batches + 1, 1.5):
+        with pytest.raises(ValueError, match="start_step"):
+            feed.epoch(0, start_step=bad)
+
+
+def test_seek_numbers_the_next_epochs():
+    feed = Feed(make_index(12), FakeReader(io=False), chunk_size=4, shuffle=True, seed=2)
+    orders = [[p for c in feed.epoch() for p in c.positions] for _ in range(4)]
+    feed.seek(2)
+    assert [p for c in feed.epoch() for p in c.positions] == orders[2]
+    assert [p for c in feed.epoch() for p in c.positions] == orders[3]
+    assert feed.epoch().number == 4
+    with pytest.raises(ValueError, match="epoch"):
+        feed.seek(-1)

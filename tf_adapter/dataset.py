@@ -268,6 +268,16 @@ def image_dataset_from_directory(
                            len(class_names) if class_names else 0, num_threads=num_threads)
         ds.class_names = class_names
         ds.file_paths = list(sub_index.paths)
+        resume_at = ds.resume_at
+
+        def resume(epoch: int, step: int):
+            """The rest of epoch `epoch`, from its batch `step` on (a restart
+            after a kill: `tf_adapter.fit_resumable`)."""
+            rest = resume_at(epoch, step)
+            rest.class_names, rest.file_paths = ds.class_names, ds.file_paths
+            return rest
+
+        ds.resume_at = resume
         return ds
 
     def no_images(what=""):

@@ -137,11 +137,17 @@ class DaliBatches:
     # -- epochs --------------------------------------------------------------
     def __iter__(self) -> Iterator[tuple[np.ndarray, np.ndarray | None]]:
         """A new, independent epoch of `(images, labels)`; labels is None when unlabelled."""
-        return self._epoch()
+        return self.epoch()
 
-    def _epoch(self) -> Iterator[tuple[np.ndarray, np.ndarray | None]]:
+    def seek(self, epoch: int) -> None:
+        """Numbers the next epoch `epoch` (see `Feed.seek`)."""
+        self.feed.seek(epoch)
+
+    def epoch(self, number: int | None = None, start_step: int = 0
+              ) -> Iterator[tuple[np.ndarray, np.ndarray | None]]:
+        """Epoch `number` (default: the next), from batch `start_step` on."""
         t0 = time.perf_counter()
-        epoch = self.feed.epoch()
+        epoch = self.feed.epoch(number, start_step)
         pipe, slot = self._checkout()
         slot.start(epoch, self.batch_size)
         self.epoch_setup_seconds.append(time.perf_counter() - t0)

@@ -76,6 +76,7 @@ class Feed:
         self.max_in_flight = positive_int("max_in_flight", max_in_flight)
         self.report = SkipReport()
         self._started = 0
+        self._next = 0  # the next iteration's epoch number
         self._lock = threading.Lock()
         self.source = source
         self._reader = None
@@ -102,6 +103,11 @@ class Feed:
         return batches % self.shard[1] == 0
 
     @property
+    def num_batches(self) -> int:
+        """Batches this feed reads per whole epoch (its shard)."""
+        return -(-self.num_files // self.batch_size)
+
+    @property
     def epochs_started(self) -> int:
         """Iterations started so far."""
         return self._started
@@ -116,16 +122,28 @@ class Feed:
         """Whether `close()` ran (or the feed was garbage-collected)."""
         return not self._finalizer.alive
 
-    def epoch(self) -> FeedEpoch:
-        """A new, independent iteration with the next epoch number."""
+    def epoch(self, number: int | None = None, start_step: int = 0) -> FeedEpoch:
+        """A new, independent iteration: epoch `number` (default: the next one),
+        from its batch `start_step` on; the batches before it are not read."""
         if self.closed:
             raise RuntimeError("This dataset was closed; create a new one to iterate again.")
         with self._lock:
-            number = self._started
+            if number is None:
+                number = self._next
+                self._next += 1
             self._started += 1
-        return FeedEpoch(self, number)
+        return FeedEpoch(self, number, start_step)
 
-    __iter__ = epoch
+    def __iter__(self) -> FeedEpoch:
+        return self.epoch()
+
+    def seek(self, epoch: int) -> None:
+        """Numbers the next iteration `epoch` (then `epoch + 1`, ...): after a
+        restart, epochs keep the order they would have had."""
+        if not isinstance(epoch, int) or epoch < 0:
+            raise ValueError(f"`epoch` must be a non-negative integer. Received: epoch={epoch!r}")
+        with self._lock:
+            self._next = epoch
 
     def close(self) -> None:
         """Stops the read threads (running epochs stop getting new reads) and lets
@@ -151,15 +169,20 @@ class FeedEpoch:
 
     Attributes:
         number: The epoch number (decides the order when shuffling).
+        start_step: The first batch read (a resumed epoch skips the ones before).
         order: The index positions this epoch reads (its shard), in order.
         errors: This epoch's `on_error` handler and its record of skipped files.
     """
 
-    def __init__(self, feed: Feed, number: int):
+    def __init__(self, feed: Feed, number: int, start_step: int = 0):
         t0 = time.perf_counter()
+        if not isinstance(start_step, int) or not 0 <= start_step <= feed.num_batches:
+            raise ValueError(f"`start_step` must be an integer in [0, {feed.num_batches}] (the "
+                             f"batches of an epoch). Received: start_step={start_step!r}")
         self.number = number
+        self.start_step = start_step
         order = epoch_order(len(feed.index), feed.shuffle, feed.seed, number)
-        self.order = shard_of(order, feed.batch_size, *feed.shard)
+        self.order = shard_of(order, feed.batch_size, *feed.shard)[start_step * feed.batch_size:]
         self.errors = EpochErrors(feed.on_error, feed.report)
         self._feed = feed
         self._items = feed.items

@@ -15,6 +15,7 @@ once per iterator). TensorFlow is imported lazily.
 
 from __future__ import annotations
 
+import functools
 import struct
 import weakref
 import zlib
@@ -83,7 +84,8 @@ def make_loader(source: Source, index: Index, spec: ImageSpec, *, batch_size: in
 
 
 def to_tf_dataset(loader: DaliBatches | Feed, spec: ImageSpec, batch_size: int | None,
-                  label_mode: str | None, num_classes: int, *, num_threads: int | None = None):
+                  label_mode: str | None, num_classes: int, *, num_threads: int | None = None,
+                  epoch: int | None = None, start_step: int = 0):
     """Wraps a loader as a finite, batched tf.data.Dataset like Keras's.
 
     Args:
@@ -93,18 +95,27 @@ def to_tf_dataset(loader: DaliBatches | Feed, spec: ImageSpec, batch_size: int |
         label_mode: "int", "categorical", "binary" or None.
         num_classes: For "categorical".
         num_threads: TF's parallel decodes (default: cores available).
+        epoch: None: each iteration is the next epoch. An int: every iteration
+            is that epoch, from its batch `start_step` on (the rest of an
+            interrupted epoch; see `ds.resume_at`).
+        start_step: With `epoch`, the first batch.
 
+    `ds.seek(e)` numbers the next iteration `e`; `ds.resume_at(e, k)` is a
+    dataset of epoch `e` from batch `k` on, over the same loader.
     The cardinality is asserted when `on_error="raise"` (no file is left out)
     and, when sharded, every input pipeline reads as many batches.
     The dataset keeps the loader in `ds._dali_loader`; `ds.close()` releases it.
     """
     tf = import_tf()
+    which = (epoch, start_step)
     if isinstance(loader, DaliBatches):
-        ds = _dali_dataset(tf, loader, spec, batch_size)
+        ds = _dali_dataset(tf, loader, spec, batch_size, which)
         feed = loader.feed
     else:
-        ds, audits = _tf_kernel_dataset(tf, loader, spec, batch_size, num_threads)
+        ds, audits = _tf_kernel_dataset(tf, loader, spec, batch_size, num_threads, which)
         feed = loader
+    if epoch is not None:  # validated now, not at the first batch
+        feed.epoch(epoch, start_step).close()
     if label_mode is None:
         ds = ds.map(lambda x, y: x)
     elif label_mode == "categorical":
@@ -118,13 +129,26 @@ def to_tf_dataset(loader: DaliBatches | Feed, spec: ImageSpec, batch_size: int |
         # their collectives. Unknown, tf.distribute runs every replica until
         # all are exhausted (an empty batch for a replica that has none).
         size = -(-feed.num_files // batch_size) if batch_size else feed.num_files
+        size -= start_step if batch_size else min(size, start_step * feed.batch_size)
         ds = ds.apply(tf.data.experimental.assert_cardinality(size))
     ds = ds.prefetch(tf.data.AUTOTUNE)
     ds._dali_loader = loader
     if feed is loader:
         ds._dali_audits = audits  # live iterations of the TF path (tests read it)
     ds.close = loader.close
+    ds.seek = feed.seek
+    ds.resume_at = functools.partial(_resume_at, loader, spec, batch_size, label_mode,
+                                     num_classes, num_threads)
     return ds
+
+
+def _resume_at(loader, spec, batch_size, label_mode, num_classes, num_threads, epoch: int,
+               step: int):
+    """The dataset of epoch `epoch` from batch `step` on (every iteration of it)."""
+    if not isinstance(epoch, int) or epoch < 0:
+        raise ValueError(f"`epoch` must be a non-negative integer. Received: epoch={epoch!r}")
+    return to_tf_dataset(loader, spec, batch_size, label_mode, num_classes,
+                         num_threads=num_threads, epoch=epoch, start_step=step)
 
 
 def _weakly(obj, method: str, default):
@@ -148,17 +172,19 @@ def _weakly(obj, method: str, default):
 class _DaliEpochs:
     """What the DALI path's generator calls, once per iterator."""
 
-    def __init__(self, batches: DaliBatches):
+    def __init__(self, batches: DaliBatches, which: tuple[int | None, int]):
         self.batches = batches
+        self.which = which
 
     def epoch(self):
-        for x, y in self.batches:
+        for x, y in self.batches.epoch(*self.which):
             yield x, (np.zeros(len(x), np.int32) if y is None else y)
 
 
-def _dali_dataset(tf, batches: DaliBatches, spec: ImageSpec, batch_size: int | None):
+def _dali_dataset(tf, batches: DaliBatches, spec: ImageSpec, batch_size: int | None,
+                  which: tuple[int | None, int]):
     img_dtype = tf.uint8 if spec.output_uint8 else tf.float32
-    epochs = _DaliEpochs(batches)
+    epochs = _DaliEpochs(batches, which)
     sig = (tf.TensorSpec((None, *spec.shape), img_dtype), tf.TensorSpec((None,), tf.int32))
     # TF calls the generator once per iterator: one independent epoch each.
     ds = tf.data.Dataset.from_generator(_weakly(epochs, "epoch", lambda: iter(())),
@@ -170,10 +196,11 @@ def _dali_dataset(tf, batches: DaliBatches, spec: ImageSpec, batch_size: int | N
 class _TFKernelEpochs:
     """What the TF path's generator and audit call: one `Auditor` per iterator."""
 
-    def __init__(self, tf, feed: Feed, spec: ImageSpec):
+    def __init__(self, tf, feed: Feed, spec: ImageSpec, which: tuple[int | None, int]):
         self.tf = tf
         self.feed = feed
         self.spec = spec
+        self.which = which
         self.registry = AuditRegistry()
 
     def diagnose(self, path: str) -> Exception:
@@ -195,7 +222,7 @@ class _TFKernelEpochs:
 
     def epoch(self):
         registry = self.registry
-        auditor = Auditor(self.feed.epoch, self.diagnose)
+        auditor = Auditor(lambda: self.feed.epoch(*self.which), self.diagnose)
         token = registry.open(auditor)
 
         def element(epoch, chunk):
@@ -224,8 +251,8 @@ class _TFKernelEpochs:
 
 
 def _tf_kernel_dataset(tf, feed: Feed, spec: ImageSpec, batch_size: int | None,
-                       num_threads: int | None):
-    epochs = _TFKernelEpochs(tf, feed, spec)
+                       num_threads: int | None, which: tuple[int | None, int]):
+    epochs = _TFKernelEpochs(tf, feed, spec, which)
     vec = tf.TensorSpec((None,), tf.int64)
     sig = (tf.TensorSpec((None,), tf.string), vec, tf.TensorSpec((None,), tf.int32), vec, vec)
     # TF calls the generator once per iterator: one independent epoch each.
