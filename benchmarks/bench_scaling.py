@@ -32,7 +32,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 
-from dali_loader.testing.cluster import run_processes, strategy as make_strategy  # noqa: E402
+from dali_loader.testing.cluster import run_and_exit, run_processes, strategy as make_strategy  # noqa: E402
 
 GLOBAL_BATCH = 64
 IMAGE_SIZE = (244, 244)
@@ -116,17 +116,7 @@ def summarize(name: str, results: list[dict], total: int) -> dict:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--child"]:
-        import traceback
-
-        try:
-            child(*argv[1:4])
-            code = 0
-        except BaseException:  # noqa: BLE001 - printed; the exit status says it
-            traceback.print_exc()
-            code = 1
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)  # a MultiWorkerMirroredStrategy worker can block in teardown
+        run_and_exit(child, *argv[1:4])
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--data", default=None, help="an image folder (default: a generated one)")
     ap.add_argument("--num-images", type=int, default=256)

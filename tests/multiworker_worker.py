@@ -161,16 +161,6 @@ def main(mode: str, id_tree: str, out_path: str) -> None:
 
 
 if __name__ == "__main__":
-    import traceback
+    from dali_loader.testing.cluster import run_and_exit
 
-    try:
-        main(*sys.argv[1:4])
-        code = 0
-    except BaseException:  # noqa: BLE001 - printed; the exit status says it
-        traceback.print_exc()
-        code = 1
-    sys.stdout.flush()
-    sys.stderr.flush()
-    # Skip interpreter teardown: a MultiWorkerMirroredStrategy worker can block
-    # there on its peers' coordination service once the work is done.
-    os._exit(code)
+    run_and_exit(main, *sys.argv[1:4])

@@ -97,3 +97,22 @@ def run_processes(argv: Callable[[int, str], Sequence[str]], num: int, mode: str
         with open(out) as f:
             results.append(json.load(f))
     return results
+
+
+def run_and_exit(main: Callable[..., None], *args) -> None:
+    """Runs a worker's `main(*args)` and exits the process at once: 0, or 1 with
+    the traceback printed. Skips interpreter teardown, where a
+    MultiWorkerMirroredStrategy worker can block on its peers' coordination
+    service once the work is done."""
+    import sys
+    import traceback
+
+    try:
+        main(*args)
+        code = 0
+    except BaseException:  # noqa: BLE001 - printed; the exit status says it
+        traceback.print_exc()
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
