@@ -448,3 +448,17 @@ def test_seek_numbers_the_next_epochs():
     assert feed.epoch().number == 4
     with pytest.raises(ValueError, match="epoch"):
         feed.seek(-1)
+
+
+def test_items_that_hold_nothing_are_not_kept(id_tree):
+    """Bytes for DALI are not kept once handed out: an epoch's memory does not grow
+    with its length (only pinned cache entries are tracked until released)."""
+    from dali_loader.api import open_index
+    from dali_loader.feed.items import CheckedBytes, PinnedOrBytes
+
+    src, idx = open_index(str(id_tree), shuffle=False)
+    feed = Feed(idx, CheckedBytes(src), chunk_size=4)
+    epoch = feed.epoch()
+    assert sum(len(c.items) for c in epoch) == 23
+    assert epoch._held == {}
+    assert PinnedOrBytes.holds and not CheckedBytes.holds

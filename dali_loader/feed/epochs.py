@@ -186,6 +186,9 @@ class FeedEpoch:
         self.errors = EpochErrors(feed.on_error, feed.report)
         self._feed = feed
         self._items = feed.items
+        # Only items that hold something (a pin) are tracked until released;
+        # bytes or paths are not kept once handed out.
+        self._holds = getattr(feed.items, "holds", True)
         self._paths = feed.index.paths
         self._held: dict[int, Any] = {}  # position -> item not yet released
         self._lock = threading.Lock()
@@ -233,7 +236,8 @@ class FeedEpoch:
         `close()`, releases it at once and returns False."""
         with self._lock:
             if not self.closed:
-                self._held[pos] = item
+                if self._holds:
+                    self._held[pos] = item
                 return True
         self._items.release(item)
         return False
@@ -258,6 +262,8 @@ class FeedEpoch:
 
     def release(self, positions) -> None:
         """Lets go of the items at `positions` (a consumer is done with them)."""
+        if not self._holds:
+            return
         with self._lock:
             items = [self._held.pop(p, None) for p in positions]
         for item in items:

@@ -2,8 +2,9 @@
 
 Each reader is a callable `reader(path) -> item`, run on the read-ahead's
 threads, that raises a `BadFileError` naming the file when it cannot; `io`
-says whether it does I/O at all (else it runs inline), `release(item)` lets go
-of what an item holds (a pinned cache file).
+says whether it does I/O at all (else it runs inline), `holds` whether its
+items hold something to give back, and `release(item)` gives it back (a pinned
+cache file). Items that hold nothing are not tracked after they are handed out.
 
 - `CheckedBytes`: the bytes, checked (content sniff, PNG chunk/CRC walk), for
   DALI, whose pipeline dies on a bad file.
@@ -45,6 +46,7 @@ class RawBytes:
     """Unchecked bytes, for a decoder whose failures are audited (TF's kernels)."""
 
     io = True
+    holds = False
 
     def __init__(self, source):
         self.source = source
@@ -71,6 +73,7 @@ class Paths:
     """The path itself: the decoder reads the file (TF, on a local disk)."""
 
     io = False
+    holds = False
 
     def __call__(self, path: str) -> str:
         return path
@@ -83,6 +86,7 @@ class PinnedOrBytes:
     """A pinned verified cache entry when there is one, else the (cached) bytes."""
 
     io = True
+    holds = True
 
     def __init__(self, source):
         self.source = source
