@@ -137,6 +137,13 @@ class Feed:
     def __iter__(self) -> FeedEpoch:
         return self.epoch()
 
+    def check_start_step(self, start_step: int) -> int:
+        """Validates a first batch for `epoch`: an integer in [0, num_batches]."""
+        if not isinstance(start_step, int) or not 0 <= start_step <= self.num_batches:
+            raise ValueError(f"`start_step` must be an integer in [0, {self.num_batches}] (the "
+                             f"batches of an epoch). Received: start_step={start_step!r}")
+        return start_step
+
     def seek(self, epoch: int) -> None:
         """Numbers the next iteration `epoch` (then `epoch + 1`, ...): after a
         restart, epochs keep the order they would have had."""
@@ -176,9 +183,7 @@ class FeedEpoch:
 
     def __init__(self, feed: Feed, number: int, start_step: int = 0):
         t0 = time.perf_counter()
-        if not isinstance(start_step, int) or not 0 <= start_step <= feed.num_batches:
-            raise ValueError(f"`start_step` must be an integer in [0, {feed.num_batches}] (the "
-                             f"batches of an epoch). Received: start_step={start_step!r}")
+        feed.check_start_step(start_step)
         self.number = number
         self.start_step = start_step
         order = epoch_order(len(feed.index), feed.shuffle, feed.seed, number)

@@ -115,7 +115,7 @@ def to_tf_dataset(loader: DaliBatches | Feed, spec: ImageSpec, batch_size: int |
         ds, audits = _tf_kernel_dataset(tf, loader, spec, batch_size, num_threads, which)
         feed = loader
     if epoch is not None:  # validated now, not at the first batch
-        feed.epoch(epoch, start_step).close()
+        feed.check_start_step(start_step)
     if label_mode is None:
         ds = ds.map(lambda x, y: x)
     elif label_mode == "categorical":
