@@ -17,6 +17,7 @@ import numpy as np
 from dali_loader.api import open_index
 from dali_loader.args import positive_int
 from dali_loader.decode.devices import dali_gpu_count, resolve_device
+from dali_loader.decode.ready_forms import resolve_gpu_ready
 from dali_loader.decode.spec import INTERPOLATIONS, ImageSpec, channels_for
 from dali_loader.feed.policy import check_on_error
 from dali_loader.index import ALLOWLIST_FORMATS, split
@@ -171,6 +172,7 @@ def image_dataset_from_directory(
     cache_max_bytes=None,
     decoder=None,
     input_context=None,
+    gpu_ready=None,
 ):
     """Generates a `tf.data.Dataset` from image files in a directory.
 
@@ -196,6 +198,13 @@ def image_dataset_from_directory(
             k mod num_input_pipelines), DALI on its own GPU. Pass the
             per-replica batch size as `batch_size`. The split is made before
             sharding; every file is read once per epoch across all pipelines.
+        gpu_ready: Read through the GPU-ready cache (in `cache_dir`, bounded
+            by `cache_max_bytes`): the first read of each image decodes it
+            exactly as Keras does and stores a lossless form that the decoder
+            reads without decoding the file again (a TIFF DALI decodes, with
+            `mixed` on a GPU; raw pixels for TF's kernels on the CPU). True,
+            False, or None: on for the GPU path once a GPU run has confirmed
+            that `mixed` decodes the cached form on the GPU (not yet: off).
 
     Returns:
         A `tf.data.Dataset`, or a list of two for `subset="both"`, each with
@@ -211,6 +220,7 @@ def image_dataset_from_directory(
     _check_loader_args(on_error, num_threads, max_in_flight, cache_max_bytes)
     shard = _shard_of(input_context)
     device = resolve_device(device, import_tf())
+    gpu_ready = resolve_gpu_ready(gpu_ready, device)
     if decoder not in (None, "dali", "tf"):
         raise ValueError(
             f'`decoder` must be None, "dali" or "tf". Received: decoder={decoder}'
@@ -263,6 +273,7 @@ def image_dataset_from_directory(
             seed=seed, device=device, decoder=decoder, num_threads=num_threads,
             on_error=on_error, max_in_flight=max_in_flight, shard=shard,
             device_id=shard[0] % max(1, dali_gpu_count()) if device == "gpu" else 0,
+            gpu_ready=gpu_ready,
         )
         ds = to_tf_dataset(loader, spec, batch_size, label_mode,
                            len(class_names) if class_names else 0, num_threads=num_threads)

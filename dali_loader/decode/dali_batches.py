@@ -24,7 +24,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from dali_loader.decode.dali_graph import build_pipeline, probe_decode
+from dali_loader.decode.dali_graph import Input, build_pipeline, probe_decode
 from dali_loader.decode.spec import ImageSpec
 from dali_loader.errors import BadFileError, CorruptImageError
 from dali_loader.feed.epochs import Chunk, Feed, FeedEpoch
@@ -76,10 +76,13 @@ class DaliBatches:
         device: "cpu" or "gpu" (the `mixed` decoder and GPU resize).
         num_threads: DALI CPU threads (default: cores available).
         device_id: The CUDA device, with "gpu" (one per replica under a strategy).
+        input: What the feed's items are: the files (`CheckedBytes`) or
+            GPU-ready cache entries (`feed.ready.ReadyBytes`).
     """
 
     def __init__(self, feed: Feed, spec: ImageSpec, *, device: str = "cpu",
-                 num_threads: int | None = None, device_id: int = 0):
+                 num_threads: int | None = None, device_id: int = 0,
+                 input: Input = Input.FILES):
         if device not in ("cpu", "gpu"):
             raise ValueError(f'`device` must be "cpu" or "gpu". Received: device={device}')
         self.feed = feed
@@ -87,6 +90,7 @@ class DaliBatches:
         self.device = device
         self.num_threads = num_threads
         self.device_id = device_id
+        self.input = input
         self.batch_size = feed.chunk_size
         self.pipeline_builds = 0
         # Per epoch, bounded: feed epoch start and pipeline checkout (or build).
@@ -111,6 +115,18 @@ class DaliBatches:
     def epochs_started(self) -> int:
         return self.feed.epochs_started
 
+    @property
+    def epoch_stats(self) -> list[dict[str, int]]:
+        """Per finished epoch: the feed's tallies plus `cpu_decodes`, the images
+        decoded on the CPU: every file on the CPU; on a GPU every file but the
+        JPEGs (nvImageCodec decodes no PNG on the GPU); with the GPU-ready
+        cache, only the files it had to fill (its entries decode with `mixed`)."""
+        if self.input is Input.READY:
+            return self.feed.epoch_stats
+        gpu = self.device == "gpu"
+        return [dict(t, cpu_decodes=t.get("files", 0) - (t.get("jpeg", 0) if gpu else 0))
+                for t in list(self.feed.epoch_tallies)]
+
     def __len__(self) -> int:
         return -(-self.feed.num_files // self.batch_size)
 
@@ -120,7 +136,8 @@ class DaliBatches:
         with self._lock:
             self.pipeline_builds += 1
         pipe = build_pipeline(slot, self.spec, self.batch_size, gpu=self.device == "gpu",
-                              device_id=self.device_id, num_threads=self.num_threads)
+                              device_id=self.device_id, num_threads=self.num_threads,
+                              input=self.input)
         return pipe, slot
 
     def _checkout(self) -> tuple[object, _Slot]:
@@ -188,7 +205,7 @@ class DaliBatches:
         culprits: dict[int, str] = {}
         for chunk in suspects:
             for pos, data in zip(chunk.positions, chunk.items):
-                problem = probe_decode(data, self.spec)
+                problem = probe_decode(data, self.spec, self.input)
                 if problem:
                     culprits[pos] = problem
             if culprits:

@@ -9,11 +9,22 @@ uploaded) and resize runs on the GPU.
 
 from __future__ import annotations
 
+import enum
 import os
 from typing import Any
 
 from dali_loader.decode.spec import ImageSpec
 from dali_loader.lazy import import_dali
+
+
+class Input(enum.Enum):
+    """What the graph's encoded input holds."""
+
+    FILES = "files"  # the dataset's files as they are (PNG, JPEG, ...)
+    READY = "ready"  # GPU-ready cache entries: TIFFs of the pixels Keras decodes
+
+
+_READY_TYPES = {1: "GRAY", 3: "RGB", 4: "ANY_DATA"}
 
 
 def _interp(dali, name: str) -> tuple[Any, bool]:
@@ -116,10 +127,16 @@ def _decode(dali, encoded, gpu: bool, output_type):
     return dali.fn.decoders.image(encoded, device="cpu", **kw)
 
 
-def image_graph(dali, encoded, spec: ImageSpec, gpu: bool):
-    """Builds decode -> colour -> crop/pad -> resize on DataNode `encoded`."""
+def image_graph(dali, encoded, spec: ImageSpec, gpu: bool, input: Input = Input.FILES):
+    """Builds decode -> colour -> crop/pad -> resize on DataNode `encoded`.
+
+    `Input.READY` entries already hold Keras's pixels in the output's colour
+    mode: they are decoded (on the GPU with `mixed`) with no colour conversion.
+    """
     fn, t = dali.fn, dali.types
-    if spec.channels == 4:
+    if input is Input.READY:
+        img = _decode(dali, encoded, gpu=gpu, output_type=getattr(t, _READY_TYPES[spec.channels]))
+    elif spec.channels == 4:
         img = _to_rgba(dali, _decode(dali, encoded, gpu=False, output_type=t.ANY_DATA))
         if gpu:
             img = img.gpu()
@@ -170,6 +187,7 @@ def build_pipeline(
     num_threads: int | None = None,
     prefetch_queue_depth: int = 2,
     seed: int = 0,
+    input: Input = Input.FILES,
 ):
     """Builds and returns a DALI pipeline fed batch-wise by `source`.
 
@@ -183,6 +201,7 @@ def build_pipeline(
         num_threads: DALI CPU threads (default: cores available).
         prefetch_queue_depth: Batches DALI works on ahead of the consumer.
         seed: DALI's seed (the graph has no random operators).
+        input: What the batches hold (`Input`).
     """
     dali = import_dali()
 
@@ -190,11 +209,11 @@ def build_pipeline(
         enc = dali.fn.external_source(
             source=source, batch=True, dtype=dali.types.UINT8, cycle="raise", name="encoded"
         )
-        return image_graph(dali, enc, spec, gpu)
+        return image_graph(dali, enc, spec, gpu, input)
 
     pipe = dali.pipeline_def(
         graph,
-        enable_conditionals=spec.channels == 4,
+        enable_conditionals=spec.channels == 4 and input is Input.FILES,
         batch_size=batch_size,
         num_threads=num_threads or default_num_threads(),
         device_id=device_id if gpu else None,
@@ -208,7 +227,7 @@ def build_pipeline(
     return pipe
 
 
-def probe_decode(data, spec: ImageSpec) -> str | None:
+def probe_decode(data, spec: ImageSpec, input: Input = Input.FILES) -> str | None:
     """Decodes one image alone on the CPU; returns DALI's error text, or None."""
     import numpy as np
 
@@ -226,7 +245,8 @@ def probe_decode(data, spec: ImageSpec) -> str | None:
             return [arr]
 
     try:
-        pipe = build_pipeline(_One(), spec, 1, gpu=False, num_threads=1, prefetch_queue_depth=1)
+        pipe = build_pipeline(_One(), spec, 1, gpu=False, num_threads=1, prefetch_queue_depth=1,
+                              input=input)
         pipe.run()
     except StopIteration:
         return None

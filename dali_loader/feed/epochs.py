@@ -12,6 +12,7 @@ it, cancels its reads and releases what it holds.
 from __future__ import annotations
 
 import collections
+import functools
 import threading
 import time
 import weakref
@@ -26,6 +27,23 @@ from dali_loader.feed.order import epoch_order, shard_of, shard_size
 from dali_loader.feed.policy import EpochErrors, SkipReport, check_on_error
 from dali_loader.feed.readahead import ReadAhead
 from dali_loader.index import Index
+
+
+class Tally:
+    """Thread-safe event counts of one epoch (e.g. the GPU-ready cache's
+    `fills`, CPU decodes, and `hits`), filled by readers that take a `tally`."""
+
+    def __init__(self):
+        self._counts: collections.Counter[str] = collections.Counter()
+        self._lock = threading.Lock()
+
+    def add(self, what: str, n: int = 1) -> None:
+        with self._lock:
+            self._counts[what] += n
+
+    def as_dict(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._counts)
 
 
 class Chunk(NamedTuple):
@@ -88,6 +106,9 @@ class Feed:
         self._finalizer = weakref.finalize(self, _release, self._reader, source)
         # Per epoch, bounded: set-up before the first chunk is asked for.
         self.epoch_setup_seconds: collections.deque[float] = collections.deque(maxlen=1000)
+        # Per finished epoch, bounded: {"epoch": n, "files": good items handed
+        # out, plus what the reader counted (e.g. "cache_fills", "cache_hits")}.
+        self.epoch_tallies: collections.deque[dict[str, int]] = collections.deque(maxlen=1000)
 
     @property
     def num_files(self) -> int:
@@ -106,6 +127,15 @@ class Feed:
     def num_batches(self) -> int:
         """Batches this feed reads per whole epoch (its shard)."""
         return -(-self.num_files // self.batch_size)
+
+    @property
+    def epoch_stats(self) -> list[dict[str, int]]:
+        """Per finished epoch: `epoch_tallies` plus `cpu_decodes`, the images
+        decoded on the CPU when TF's kernels decode: every file, or with the
+        GPU-ready cache only those it had to fill."""
+        ready = hasattr(self.items, "ready")
+        return [dict(t, cpu_decodes=t.get("cache_fills" if ready else "files", 0))
+                for t in list(self.epoch_tallies)]
 
     @property
     def epochs_started(self) -> int:
@@ -189,8 +219,12 @@ class FeedEpoch:
         order = epoch_order(len(feed.index), feed.shuffle, feed.seed, number)
         self.order = shard_of(order, feed.batch_size, *feed.shard)[start_step * feed.batch_size:]
         self.errors = EpochErrors(feed.on_error, feed.report)
+        self.tally = Tally()
         self._feed = feed
         self._items = feed.items
+        read = self._items
+        if getattr(read, "tallies", False):  # readers that count into this epoch's tally
+            read = functools.partial(read, tally=self.tally)
         # Only items that hold something (a pin) are tracked until released;
         # bytes or paths are not kept once handed out.
         self._holds = getattr(feed.items, "holds", True)
@@ -200,16 +234,17 @@ class FeedEpoch:
         order = self.order.tolist()
         if feed._reader is not None:
             self._stream = feed._reader.map((self._paths[p] for p in order),
-                                            discard=self._items.release)
+                                            discard=self._items.release, fn=read)
         else:
-            self._stream = (self._read_inline(self._paths[p]) for p in order)
+            self._stream = (self._read_inline(read, self._paths[p]) for p in order)
         self._results = zip(order, self._stream)
         self.closed = False
         feed.epoch_setup_seconds.append(time.perf_counter() - t0)
 
-    def _read_inline(self, path: str) -> Any:
+    @staticmethod
+    def _read_inline(read, path: str) -> Any:
         try:
-            return self._items(path)
+            return read(path)
         except BadFileError as e:
             return e
 
@@ -234,6 +269,7 @@ class FeedEpoch:
                 break
         if not items:
             return None
+        self.tally.add("files", len(items))
         return Chunk(items, positions)
 
     def _hold(self, pos: int, item: Any) -> bool:
@@ -282,6 +318,7 @@ class FeedEpoch:
                 return
             self.closed = True
             held, self._held = list(self._held.values()), {}
+        self._feed.epoch_tallies.append({"epoch": self.number, **self.tally.as_dict()})
         close = getattr(self._stream, "close", None)
         if close is not None:
             close()

@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from dali_loader.errors import UnreadableFileError
-from dali_loader.feed.checks import prepare
+from dali_loader.feed.checks import prepare, sniff
 from dali_loader.storage.objects import ObjectFetchError
 
 
@@ -59,14 +59,20 @@ class RawBytes:
 
 
 class CheckedBytes(RawBytes):
-    """Checked bytes for DALI; `rgba` expands alpha the way libpng does."""
+    """Checked bytes for DALI; `rgba` expands alpha the way libpng does.
+    Counts JPEGs into an epoch's tally (`jpeg`: the files a GPU decodes)."""
+
+    tallies = True
 
     def __init__(self, source, rgba: bool = False):
         super().__init__(source)
         self.rgba = rgba
 
-    def __call__(self, path: str) -> bytes:
-        return prepare(read_bytes(self.source, path), path, rgba=self.rgba)
+    def __call__(self, path: str, tally=None) -> bytes:
+        data = prepare(read_bytes(self.source, path), path, rgba=self.rgba)
+        if tally is not None and sniff(data) == "jpeg":
+            tally.add("jpeg")
+        return data
 
 
 class Paths:

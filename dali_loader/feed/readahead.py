@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures as cf
+import functools
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -41,14 +42,14 @@ class ReadAhead:
         self._pool: cf.ThreadPoolExecutor | None = None
 
     def _call(self, item: Any) -> Any:
-        try:
-            return self.fn(item)
-        except Exception as e:  # returned, not raised: the consumer decides
-            return e
+        return _returning_errors(self.fn, item)
 
-    def map(self, items: Iterable[Any], discard: Callable[[Any], None] | None = None
-            ) -> Ordered:
+    def map(self, items: Iterable[Any], discard: Callable[[Any], None] | None = None,
+            fn: Callable[[Any], Any] | None = None) -> Ordered:
         """Yields `fn(item)` (or the exception it raised) for each item, in order.
+
+        `fn` overrides the pool's read function for this call (e.g. one that
+        also counts into the caller's tally).
 
         The first window of reads is submitted at once, before the first
         result is asked for, so reads overlap whatever the caller does next.
@@ -60,13 +61,21 @@ class ReadAhead:
             self._pool = cf.ThreadPoolExecutor(
                 self.max_in_flight, thread_name_prefix="dali-loader-read"
             )
-        return Ordered(self._pool, self._call, iter(items), self.window, discard)
+        call = self._call if fn is None else functools.partial(_returning_errors, fn)
+        return Ordered(self._pool, call, iter(items), self.window, discard)
 
     def close(self) -> None:
         """Stops the worker threads (reads not started are cancelled)."""
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None
+
+
+def _returning_errors(fn: Callable[[Any], Any], item: Any) -> Any:
+    try:
+        return fn(item)
+    except Exception as e:  # returned, not raised: the consumer decides
+        return e
 
 
 class Ordered:

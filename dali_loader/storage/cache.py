@@ -57,6 +57,27 @@ class ObjectMeta(Protocol):
     md5: str | None
 
 
+@dataclasses.dataclass(frozen=True)
+class DerivedMeta:
+    """An entry the cache checks against itself: made here (not downloaded), its
+    size and CRC32C are taken when it is written and verified on every read.
+
+    `name` and `generation` identify what it was derived from (e.g. a file and
+    its size and mtime); the caller's `bucket` names the derivation."""
+
+    name: str
+    generation: str
+    size: None = None
+    crc32c: None = None
+    md5: None = None
+
+
+def _crc32c(data: bytes) -> str:
+    import google_crc32c
+
+    return base64.b64encode(struct.pack(">I", google_crc32c.value(data))).decode()
+
+
 def default_cache_dir() -> str:
     """``$XDG_CACHE_HOME/dali-loader`` (``~/.cache/dali-loader`` by default)."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
@@ -72,9 +93,7 @@ def checksum_problem(data: bytes, size: int | None, crc32c: str | None, md5: str
     if size is not None and len(data) != size:
         return f"size mismatch: expected {size} bytes, got {len(data)}"
     if crc32c:
-        import google_crc32c
-
-        got = base64.b64encode(struct.pack(">I", google_crc32c.value(data))).decode()
+        got = _crc32c(data)
         if got != crc32c:
             return f"crc32c mismatch: expected {crc32c}, got {got}"
     elif md5:
@@ -136,8 +155,9 @@ class DiskCache:
         self.max_bytes = int(max_bytes)
         self._approx_bytes = used
         self._touched: dict[str, float] = {}  # path -> when this process last refreshed its mtime
-        # path -> payload offset, for entries this process verified (read or wrote).
-        self._verified: dict[str, int] = {}
+        # path -> (payload offset, payload size), for entries this process verified
+        # (read or wrote).
+        self._verified: dict[str, tuple[int, int]] = {}
 
     # ---------------------------------------------------------------- keys
     @staticmethod
@@ -165,9 +185,9 @@ class DiskCache:
             return None
         problem, data = self._decode(blob, bucket, meta)
         if not problem:
-            self._verified[path] = len(blob) - len(data)
+            self._verified[path] = (len(blob) - len(data), len(data))
         if problem:
-            logger.warning("Discarding cache entry for gs://%s/%s (%s).", bucket, meta.name, problem)
+            logger.warning("Discarding the cache entry of %s (%s): %s.", meta.name, bucket, problem)
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
             return None
@@ -197,9 +217,10 @@ class DiskCache:
         refreshes the entry's place in the LRU order, like `get`.
         """
         path = self.path_for(bucket, meta)
-        offset = self._verified.get(path)
-        if offset is None:
+        verified = self._verified.get(path)
+        if verified is None:
             return None
+        offset, size = verified
         os.makedirs(self._pins, exist_ok=True)
         pinned = os.path.join(self._pins, f"{os.path.basename(path)}.{next(self._pin_ids)}")
         try:
@@ -210,7 +231,7 @@ class DiskCache:
         except OSError as e:  # EPERM, EXDEV, ENOTSUP...: no pins on this file system
             logger.debug("Cannot pin %s (%s); reading through Python instead.", path, e)
             return None
-        if os.stat(pinned).st_size != offset + meta.size:  # replaced by another writer
+        if os.stat(pinned).st_size != offset + size:  # replaced by another writer
             self.unpin(pinned)
             self._verified.pop(path, None)
             return None
@@ -237,10 +258,15 @@ class DiskCache:
         if (header.get("bucket"), header.get("name"), header.get("generation")) != (bucket, meta.name, meta.generation):
             return "header does not match the object", b""
         data = blob[8 + hlen:]
-        if len(data) != meta.size or header.get("size") != meta.size:
-            return f"partial or wrong size: {len(data)} of {meta.size} bytes", b""
-        if self.verify_on_hit:
-            problem = checksum_problem(data, meta.size, meta.crc32c, meta.md5)
+        size, crc32c, md5 = meta.size, meta.crc32c, meta.md5
+        if isinstance(meta, DerivedMeta):  # checked against what was written
+            size, crc32c, md5 = header.get("size"), header.get("crc32c"), None
+            if not crc32c:
+                return "no checksum in the header", b""
+        if len(data) != size or header.get("size") != size:
+            return f"partial or wrong size: {len(data)} of {size} bytes", b""
+        if self.verify_on_hit or isinstance(meta, DerivedMeta):
+            problem = checksum_problem(data, size, crc32c, md5)
             if problem:
                 return problem, b""
         return None, data
@@ -249,8 +275,9 @@ class DiskCache:
         """Store verified ``data`` for ``meta`` atomically; False when it cannot fit."""
         if len(data) > self.max_bytes * _LOW_WATERMARK:
             return False
+        crc32c = _crc32c(data) if isinstance(meta, DerivedMeta) else meta.crc32c
         header = json.dumps({"bucket": bucket, "name": meta.name, "generation": meta.generation,
-                             "size": len(data), "crc32c": meta.crc32c, "md5": meta.md5}).encode()
+                             "size": len(data), "crc32c": crc32c, "md5": meta.md5}).encode()
         path = self.path_for(bucket, meta)
         tmp = os.path.join(self._tmp, f"{os.getpid()}.{uuid.uuid4().hex}.tmp")
         try:
@@ -262,7 +289,7 @@ class DiskCache:
                     os.fsync(f.fileno())
             os.makedirs(os.path.dirname(path), exist_ok=True)
             os.replace(tmp, path)
-            self._verified[path] = 8 + len(header)
+            self._verified[path] = (8 + len(header), len(data))
         except BaseException:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)

@@ -11,6 +11,20 @@ def read_local(path: str) -> bytes:
         return f.read()
 
 
+def version_of(st: os.stat_result) -> str:
+    """A local file's version for cache keys: its size and mtime."""
+    return f"{st.st_size}.{st.st_mtime_ns}"
+
+
+def read_local_versioned(path: str) -> tuple[bytes, str | None]:
+    """A local file's bytes and the version they are (None: it changed while read)."""
+    with open(path, "rb") as f:
+        before = version_of(os.fstat(f.fileno()))
+        data = f.read()
+        after = version_of(os.fstat(f.fileno()))
+    return data, before if before == after else None
+
+
 def walk_local(directory: str, follow_links: bool = False) -> list[str]:
     """Lists every file under `directory` as '/'-joined relative names.
 

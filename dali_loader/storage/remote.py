@@ -157,8 +157,9 @@ class RemoteSource:
             dirs = self._backend.iter_dirs(self._list_prefix)
         return sorted(d for d in dirs if d and unsafe_reason(d) is None)
 
-    def fetch(self, info: ObjectInfo) -> bytes:
-        """The verified bytes of ``info``: from the cache, else downloaded (and cached).
+    def fetch(self, info: ObjectInfo, keep: bool = True) -> bytes:
+        """The verified bytes of ``info``: from the cache, else downloaded (and
+        cached, with ``keep``).
 
         Raises:
             ObjectFetchError: the object kept failing, or is gone/forbidden.
@@ -168,7 +169,7 @@ class RemoteSource:
             if data is not None:
                 return data
         data = self._download_verified(info)
-        if self.cache is not None:
+        if self.cache is not None and keep:
             self._write_behind(info, data)
         return data
 

@@ -16,7 +16,14 @@ import posixpath
 import threading
 import weakref
 
-from dali_loader.storage.local import local_subdirs, on_network_fs, read_local, walk_local
+from dali_loader.storage.local import (
+    local_subdirs,
+    on_network_fs,
+    read_local,
+    read_local_versioned,
+    version_of,
+    walk_local,
+)
 from dali_loader.storage.urls import is_remote
 
 
@@ -40,7 +47,8 @@ class Source:
     """
 
     def __init__(self, root: str, rel_files: list[str], subdirs: list[str], kind: SourceKind,
-                 remote=None, objects: dict | None = None):
+                 remote=None, objects: dict | None = None, *, cache_dir: str | None = None,
+                 cache_max_bytes: int | None = None):
         self.root = root
         self.rel_files = rel_files
         self.subdirs = subdirs
@@ -49,7 +57,9 @@ class Source:
         self._objects = objects or {}  # URL -> ObjectInfo
         self._users = 0
         self._lock = threading.Lock()
-        self._finalizer = weakref.finalize(self, remote.close) if remote is not None else None
+        self._cache_args = (cache_dir, cache_max_bytes)
+        self._local_caches: list = []  # at most one, closed with the source
+        self._finalizer = weakref.finalize(self, _close, remote, self._local_caches)
 
     @property
     def join(self):
@@ -61,6 +71,46 @@ class Source:
         if self.remote is None:
             return read_local(path)
         return self.remote.fetch(self._objects[path])
+
+    def version(self, path: str) -> str:
+        """What identifies the current content of `path` in cache keys: a gs://
+        object's generation (from the listing), a local file's size and mtime.
+
+        Raises:
+            FileNotFoundError: a local file gone since indexing.
+        """
+        if self.remote is None:
+            return version_of(os.stat(path))
+        return self._objects[path].generation
+
+    def size(self, path: str) -> int:
+        """The size of `path` in bytes (URLs: from the listing)."""
+        if self.remote is None:
+            return os.path.getsize(path)
+        return self._objects[path].size
+
+    def read_versioned(self, path: str) -> tuple[bytes, str | None]:
+        """The bytes of `path` and the version they are (None when a local file
+        changed while it was read). URLs are downloaded verified against the
+        listing, but not kept in the object cache (the caller keeps what it
+        derives)."""
+        if self.remote is None:
+            return read_local_versioned(path)
+        info = self._objects[path]
+        return self.remote.fetch(info, keep=False), info.generation
+
+    @property
+    def cache(self):
+        """The local `DiskCache`: a URL's object cache, or for a folder one
+        opened on first use (`cache_dir`, `cache_max_bytes`), for derived entries."""
+        if self.remote is not None:
+            return self.remote.cache
+        with self._lock:
+            if not self._local_caches:
+                from dali_loader.storage.cache import DiskCache
+
+                self._local_caches.append(DiskCache(*self._cache_args))
+            return self._local_caches[0]
 
     def pin(self, path: str) -> tuple[str, int] | None:
         """For URLs: `(local file, payload offset)` of a verified cache entry,
@@ -89,14 +139,20 @@ class Source:
     def close(self) -> None:
         """Finishes queued cache writes, releases pins and closes connections
         (idempotent). Also runs when the source is garbage-collected."""
-        if self._finalizer is not None:
-            self._finalizer()
+        self._finalizer()
 
     def __enter__(self) -> Source:
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _close(remote, caches: list) -> None:
+    if remote is not None:
+        remote.close()
+    for cache in caches:
+        cache.close()
 
 
 def open_source(
@@ -148,4 +204,5 @@ def open_source(
                 sub = walk_local(os.path.join(directory, d), follow_links)
                 rel_files += [f"{d}/{r}" for r in sub]
     kind = SourceKind.NETWORK_FS if on_network_fs(directory) else SourceKind.LOCAL_DISK
-    return Source(directory, rel_files, local_subdirs(directory), kind)
+    return Source(directory, rel_files, local_subdirs(directory), kind,
+                  cache_dir=cache_dir, cache_max_bytes=cache_max_bytes)

@@ -25,10 +25,18 @@ import numpy as np
 from dali_loader.decode.dali_batches import DaliBatches
 from dali_loader.decode.dali_graph import default_num_threads
 from dali_loader.decode.spec import ImageSpec
-from dali_loader.decode.tf_kernels import decode_like_keras, read_item
+from dali_loader.decode.dali_graph import Input
+from dali_loader.decode.ready_forms import ReadyForm, encode_raw
+from dali_loader.decode.tf_kernels import (
+    decode_like_keras,
+    decode_ready_like_keras,
+    pixels_like_keras,
+    read_item,
+)
 from dali_loader.errors import CorruptImageError
 from dali_loader.feed.epochs import Feed
 from dali_loader.feed.items import CheckedBytes, Paths, Pinned, PinnedOrBytes, RawBytes, read_bytes
+from dali_loader.feed.ready import ReadyBytes, ReadyCache, ReadyPinned
 from dali_loader.index import Index
 from dali_loader.lazy import import_tf
 from dali_loader.storage.source import Source, SourceKind
@@ -64,23 +72,41 @@ def make_loader(source: Source, index: Index, spec: ImageSpec, *, batch_size: in
                 shuffle: bool, seed: int, device: str, decoder: str | None = None,
                 num_threads: int | None = None, on_error: str = "raise",
                 max_in_flight: int = 64, shard: tuple[int, int] = (0, 1),
-                device_id: int = 0) -> DaliBatches | Feed:
+                device_id: int = 0, gpu_ready: bool = False) -> DaliBatches | Feed:
     """What a dataset iterates: `DaliBatches` on the GPU (or `decoder="dali"`),
     else a `Feed` for TF's kernels. On a local disk TF reads the files; FUSE/NFS
     mounts and URLs keep the feed's read-ahead with `max_in_flight` reads.
-    `shard` selects one input pipeline's batches of every epoch (`feed.order`)."""
+    `shard` selects one input pipeline's batches of every epoch (`feed.order`).
+    `gpu_ready` reads through the GPU-ready cache (`feed.ready`): TIFF entries
+    for DALI, raw pixels for TF's kernels, each file decoded on the CPU once."""
     kw = dict(shuffle=shuffle, seed=seed, on_error=on_error, max_in_flight=max_in_flight,
               source=source, batch_size=batch_size, shard=shard)
-    if decoder == "dali" or device == "gpu":
-        feed = Feed(index, CheckedBytes(source, rgba=spec.channels == 4),
-                    chunk_size=batch_size, **kw)
+    dali = decoder == "dali" or device == "gpu"
+    if gpu_ready:
+        ready = ready_cache(source, ReadyForm.TIFF if dali else ReadyForm.RAW, spec.channels)
+    if dali:
+        items = ReadyBytes(ready) if gpu_ready else CheckedBytes(source, rgba=spec.channels == 4)
+        feed = Feed(index, items, chunk_size=batch_size, **kw)
         return DaliBatches(feed, spec, device=device, num_threads=num_threads,
-                           device_id=device_id)
-    items = {SourceKind.LOCAL_DISK: Paths(), SourceKind.NETWORK_FS: RawBytes(source),
-             SourceKind.REMOTE: PinnedOrBytes(source)}[source.kind]
+                           device_id=device_id, input=Input.READY if gpu_ready else Input.FILES)
+    if gpu_ready:
+        items = ReadyPinned(ready)
+    else:
+        items = {SourceKind.LOCAL_DISK: Paths(), SourceKind.NETWORK_FS: RawBytes(source),
+                 SourceKind.REMOTE: PinnedOrBytes(source)}[source.kind]
     # TF batches again after decoding: small chunks let decoding start on the
     # first files of an epoch instead of waiting for a whole batch.
     return Feed(index, items, chunk_size=min(batch_size, TF_CHUNK), **kw)
+
+
+def ready_cache(source: Source, form: ReadyForm, channels: int) -> ReadyCache:
+    """The GPU-ready cache of `source` in `form`, filled by TF's decoder."""
+    return ReadyCache(source, form, channels, functools.partial(_keras_pixels, channels))
+
+
+def _keras_pixels(channels: int, data: bytes, path: str) -> np.ndarray:
+    """The GPU-ready cache's decoder: TF's, eagerly, on a read-ahead thread."""
+    return pixels_like_keras(data, path, channels, import_tf())
 
 
 def to_tf_dataset(loader: DaliBatches | Feed, spec: ImageSpec, batch_size: int | None,
@@ -202,6 +228,9 @@ class _TFKernelEpochs:
         self.spec = spec
         self.which = which
         self.registry = AuditRegistry()
+        # The end-of-epoch marker must survive the decode it rides through.
+        self.marker = (encode_raw(np.zeros((1, 1, spec.channels), np.uint8))
+                       if isinstance(feed.items, ReadyPinned) else END_MARKER)
 
     def diagnose(self, path: str) -> Exception:
         """Why TF dropped `path`: read it again, decode it eagerly."""
@@ -211,10 +240,9 @@ class _TFKernelEpochs:
         except Exception as e:  # noqa: BLE001 - an UnreadableFileError or a bug: both reported
             return e
         try:
-            decode_like_keras(tf.constant(data), self.spec, tf)
-        except (tf.errors.OpError, ValueError) as e:
-            detail = str(getattr(e, "message", e)).strip().splitlines()[0][:200]
-            return CorruptImageError(path, f"TensorFlow's decoder failed on it ({detail})")
+            pixels_like_keras(data, path, self.spec.channels, tf)
+        except CorruptImageError as e:
+            return e
         return RuntimeError(
             f"{path} dropped out of TensorFlow's decode, but reads and decodes now. "
             "It was not trained on in this epoch; please report this with the storage used."
@@ -237,7 +265,7 @@ class _TFKernelEpochs:
             # Nothing may raise here outside the auditor: `ignore_errors()`
             # downstream would turn an exception into a silently short epoch.
             yield from auditor.chunks(element)
-            yield ([END_MARKER], np.asarray([-1], np.int64), np.zeros(1, np.int32),
+            yield ([self.marker], np.asarray([-1], np.int64), np.zeros(1, np.int32),
                    np.asarray([END], np.int64), np.asarray([token], np.int64))
             fed_out = True
         finally:
@@ -259,9 +287,9 @@ def _tf_kernel_dataset(tf, feed: Feed, spec: ImageSpec, batch_size: int | None,
     ds = tf.data.Dataset.from_generator(_weakly(epochs, "epoch", lambda: iter(())),
                                         output_signature=sig)
     ds._dali_epochs = epochs  # held by every dataset and iterator derived from it
+    decode = decode_ready_like_keras if isinstance(feed.items, ReadyPinned) else decode_like_keras
     ds = ds.unbatch().map(
-        lambda data, off, y, pos, tok: (decode_like_keras(read_item(tf, data, off), spec, tf),
-                                        y, pos, tok),
+        lambda data, off, y, pos, tok: (decode(read_item(tf, data, off), spec, tf), y, pos, tok),
         # One decode per core (or per `num_threads`) from the first batch
         # on: AUTOTUNE ramps up over a few batches, which short epochs feel.
         num_parallel_calls=num_threads or default_num_threads(),

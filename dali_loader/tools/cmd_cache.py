@@ -36,8 +36,18 @@ def add_parsers(subparsers) -> None:
     p = subparsers.add_parser(
         "prefetch", help="fill the local cache from gs://bucket/prefix ahead of training",
         description="Download every object under URL into the cache, verified; resumable: "
-                    "verified cached objects are not fetched again.")
-    p.add_argument("url", help="gs://bucket/prefix (or another fsspec URL)")
+                    "verified cached objects are not fetched again. With --gpu-ready, fill "
+                    "the GPU-ready cache instead (URL may then be a local folder too).")
+    p.add_argument("url", help="gs://bucket/prefix (or another fsspec URL; with --gpu-ready, "
+                               "also a local folder or FUSE mount)")
+    p.add_argument("--gpu-ready", action="store_true",
+                   help="decode every image once, exactly as Keras does, and store the lossless "
+                        "form the loader reads (image_dataset_from_directory(gpu_ready=True))")
+    p.add_argument("--color-mode", choices=("rgb", "rgba", "grayscale"), default="rgb",
+                   help="with --gpu-ready: the dataset's color_mode (default rgb)")
+    p.add_argument("--form", choices=("gpu", "cpu"), default=None,
+                   help="with --gpu-ready: the GPU path's TIFF or the CPU path's raw pixels "
+                        "(default: gpu when TensorFlow and DALI see a GPU, else cpu)")
     _add_cache_dir(p)
     p.add_argument("--cache-max-bytes", type=parse_size, default=None,
                    help="cache size bound, e.g. 200G (default: half the free disk space)")
@@ -74,6 +84,8 @@ def run_prefetch(args: argparse.Namespace) -> int:
     from dali_loader.storage.remote import open_remote
 
     positive_int("--max-in-flight", args.max_in_flight)
+    if args.gpu_ready:
+        return _prefetch_ready(args)
     start = time.monotonic()
     with open_remote(args.url, cache_dir=args.cache_dir, cache_max_bytes=args.cache_max_bytes,
                      max_in_flight=args.max_in_flight) as source:
@@ -114,6 +126,52 @@ def run_prefetch(args: argparse.Namespace) -> int:
     sys.stdout.write(
         f"{source.url}: {len(objects)} objects, {total} bytes: {fetched} downloaded, {cached} already cached, "
         f"{len(failed)} failed, in {time.monotonic() - start:.1f} s; cache {source.cache.root}\n")
+    return 1 if failed else 0
+
+
+def _prefetch_ready(args: argparse.Namespace) -> int:
+    """Fills the GPU-ready cache for every image of a folder or URL."""
+    from tqdm import tqdm
+
+    from dali_loader.api import open_index
+    from dali_loader.decode.devices import resolve_device
+    from dali_loader.decode.ready_forms import ReadyForm
+    from dali_loader.decode.spec import channels_for
+    from dali_loader.errors import BadFileError
+    from dali_loader.lazy import import_tf
+    from dali_loader.tfdata.dataset import ready_cache
+    from dali_loader.tools.cli_common import import_tensorflow_quietly
+
+    import_tensorflow_quietly()
+    tf = import_tf()
+    form = args.form or ("gpu" if resolve_device(None, tf) == "gpu" else "cpu")
+    channels = channels_for(args.color_mode)
+    start = time.monotonic()
+    src, index = open_index(args.url, labels=None, shuffle=False, cache_dir=args.cache_dir,
+                            cache_max_bytes=args.cache_max_bytes, max_in_flight=args.max_in_flight)
+    with src:
+        ready = ready_cache(src, ReadyForm.TIFF if form == "gpu" else ReadyForm.RAW, channels)
+        failed: list[str] = []
+        source_bytes = entry_bytes = 0
+        with cf.ThreadPoolExecutor(args.max_in_flight, thread_name_prefix="prefetch") as pool, \
+                tqdm(total=len(index.paths), unit="img", desc="prefetch --gpu-ready",
+                     disable=args.no_progress, dynamic_ncols=True) as bar:
+            futures = {pool.submit(ready.bytes, p): p for p in index.paths}
+            for fut in cf.as_completed(futures):
+                path = futures[fut]
+                try:
+                    entry_bytes += len(fut.result())
+                    source_bytes += src.size(path)
+                except BadFileError as e:
+                    failed.append(path)
+                    logger.error("%s", e)
+                bar.update(1)
+        ratio = entry_bytes / source_bytes if source_bytes else float("nan")
+        sys.stdout.write(
+            f"{args.url}: {len(index.paths)} images ({args.color_mode}, {form} form): "
+            f"{ready.fills} decoded and cached, {ready.hits} already cached, {len(failed)} failed, "
+            f"in {time.monotonic() - start:.1f} s; {entry_bytes} bytes cached for {source_bytes} "
+            f"source bytes ({ratio:.2f}x); cache {src.cache.root}\n")
     return 1 if failed else 0
 
 

@@ -1,0 +1,123 @@
+"""Lossless re-encodings of decoded pixels, for the GPU-ready cache.
+
+The cache stores what Keras's decode gives (`tf.io.decode_image(...,
+channels=C, expand_animations=False)`: HxWxC uint8, before any resize), in a
+form that the decoder of the loader's path reads fastest:
+
+- `ReadyForm.TIFF`: TIFF, Adobe Deflate, horizontal predictor 2, strips of
+  about 64 KB. DALI's decoder parses it on the CPU bit-exactly, and on a GPU
+  nvImageCodec's nvTIFF extension inflates the strips with nvCOMP, one
+  independent stream per strip (unverified on a GPU; see docs/gpu_ready.md).
+  About the PNG's size. The DALI path's form.
+- `ReadyForm.RAW`: a 16-byte header and the pixels, uncompressed. Nothing to
+  decode: TF's kernels reshape it. Larger than the PNG (photos: about 1.6x).
+  The TF-kernel (CPU) path's form.
+
+Numpy and tifffile only; no TF or DALI here.
+"""
+
+from __future__ import annotations
+
+import enum
+import io
+import struct
+
+import numpy as np
+
+RAW_MAGIC = b"DLRW"
+RAW_HEADER = 16  # magic, then height, width, channels as little-endian uint32
+STRIP_BYTES = 64 * 1024  # TIFF strip size: one independent Deflate stream each
+TIFF_LEVEL = 6  # zlib level of the TIFF strips (docs/gpu_ready.md has the comparison)
+
+
+class ReadyForm(enum.Enum):
+    """How a cache entry's pixels are encoded."""
+
+    TIFF = "tiff-deflate-pred2"
+    RAW = "raw"
+
+
+def _as_hwc(pixels: np.ndarray) -> np.ndarray:
+    if pixels.dtype != np.uint8 or pixels.ndim != 3 or pixels.shape[2] not in (1, 3, 4):
+        raise ValueError(
+            "Expected HxWxC uint8 pixels with C in (1, 3, 4). "
+            f"Received: shape={pixels.shape}, dtype={pixels.dtype}"
+        )
+    return np.ascontiguousarray(pixels)
+
+
+def encode_raw(pixels: np.ndarray) -> bytes:
+    """`RAW_MAGIC`, height, width, channels (uint32 LE), then the pixels."""
+    pixels = _as_hwc(pixels)
+    h, w, c = pixels.shape
+    return RAW_MAGIC + struct.pack("<III", h, w, c) + pixels.tobytes()
+
+
+def decode_raw(data: bytes) -> np.ndarray:
+    """The pixels of `encode_raw`'s output (a view, no copy)."""
+    if len(data) < RAW_HEADER or data[:4] != RAW_MAGIC:
+        raise ValueError("Not a raw pixel entry (bad magic).")
+    h, w, c = struct.unpack("<III", data[4:RAW_HEADER])
+    if len(data) != RAW_HEADER + h * w * c:
+        raise ValueError(f"Raw pixel entry of {len(data)} bytes does not hold {h}x{w}x{c} pixels.")
+    return np.frombuffer(data, np.uint8, offset=RAW_HEADER).reshape(h, w, c)
+
+
+def encode_tiff(pixels: np.ndarray, level: int = TIFF_LEVEL,
+                strip_bytes: int = STRIP_BYTES) -> bytes:
+    """TIFF with Adobe Deflate (`level`), predictor 2 and strips of about `strip_bytes`.
+
+    Grey is MinIsBlack; RGBA is RGB with one unassociated alpha sample.
+    """
+    import tifffile
+
+    pixels = _as_hwc(pixels)
+    h, w, c = pixels.shape
+    kw = {}
+    if c == 1:
+        pixels, photometric = pixels[:, :, 0], "minisblack"
+    else:
+        photometric = "rgb"
+        if c == 4:
+            kw["extrasamples"] = ["unassalpha"]
+    out = io.BytesIO()
+    tifffile.imwrite(
+        out, pixels, photometric=photometric, compression="adobe_deflate",
+        compressionargs={"level": level}, predictor=True,
+        rowsperstrip=max(1, strip_bytes // (w * c)), metadata=None, **kw,
+    )
+    return out.getvalue()
+
+
+def decode_tiff(data: bytes) -> np.ndarray:
+    """HxWxC pixels of a TIFF (tifffile; the reference the tests compare DALI with)."""
+    import tifffile
+
+    arr = tifffile.imread(io.BytesIO(data))
+    return arr[:, :, None] if arr.ndim == 2 else arr
+
+
+def encode(pixels: np.ndarray, form: ReadyForm) -> bytes:
+    """`pixels` (HxWxC uint8) in `form`."""
+    return encode_tiff(pixels) if form is ReadyForm.TIFF else encode_raw(pixels)
+
+
+def decode(data: bytes, form: ReadyForm) -> np.ndarray:
+    """HxWxC uint8 pixels of an entry in `form` (numpy; for checks and tests)."""
+    return decode_tiff(data) if form is ReadyForm.TIFF else decode_raw(data)
+
+
+# Whether a GPU run has confirmed that DALI's `mixed` decoder decodes `TIFF`
+# entries on the GPU (nvTIFF), bit-exactly (benchmarks/gpu_ready_check). Until
+# then `gpu_ready=None` leaves the cache off.
+GPU_DECODE_VERIFIED = False
+
+
+def resolve_gpu_ready(gpu_ready: bool | None, device: str) -> bool:
+    """Whether to read through the GPU-ready cache: `gpu_ready` itself, or for
+    None, on the GPU path once `GPU_DECODE_VERIFIED`."""
+    if gpu_ready is None:
+        return device == "gpu" and GPU_DECODE_VERIFIED
+    if not isinstance(gpu_ready, bool):
+        raise ValueError(f"`gpu_ready` must be None, True or False. Received: gpu_ready={gpu_ready!r}")
+    return gpu_ready

@@ -1,0 +1,160 @@
+"""The GPU-ready cache as item readers: each image decoded on the CPU once, then read ready.
+
+The first time a file is read, its pixels are decoded exactly as Keras does
+(the `decode` callable the caller gives: TF's kernels) and re-encoded
+losslessly (`decode.ready_forms`) into the source's disk cache. Later reads,
+in any epoch and any process sharing the cache, take the entry instead and
+never decode the file on the CPU again.
+
+Entries are keyed by the file's identity (a gs:// object's generation; a
+local file's path, size and mtime), the form and the colour mode (the only
+options that change the decoded pixels; resizing happens after). They are
+written atomically, checked against their own CRC32C on first use in a
+process, LRU-bounded by the cache's size, and shared by processes
+(`storage.cache.DiskCache`).
+
+A file the decoder rejects raises `CorruptImageError` naming it; a file
+that cannot be read, `UnreadableFileError`: the feed's `on_error` policy
+applies as for any reader.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from dali_loader.decode.ready_forms import ReadyForm, encode
+from dali_loader.errors import UnreadableFileError
+from dali_loader.feed.items import Pinned
+from dali_loader.storage.cache import DerivedMeta
+from dali_loader.storage.objects import ObjectFetchError
+
+logger = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1  # bump when what an entry holds changes
+
+
+class ReadyCache:
+    """Looks up, and fills, one source's entries of one form and colour mode.
+
+    Args:
+        source: The `storage.source.Source` (its `cache` holds the entries).
+        form: The `ReadyForm` the decoder reads.
+        channels: 1, 3 or 4 (Keras's colour mode).
+        decode: `decode(data, path) -> HxWxC uint8` pixels exactly as Keras
+            decodes them; raises `CorruptImageError` naming `path`.
+
+    `fills` (CPU decodes) and `hits` count since creation; each epoch counts
+    its own as `cache_fills` and `cache_hits` (`FeedEpoch.tally`).
+    """
+
+    def __init__(self, source, form: ReadyForm, channels: int,
+                 decode: Callable[[bytes, str], np.ndarray]):
+        self.source = source
+        self.cache = source.cache
+        self.form = form
+        self.channels = channels
+        self.decode = decode
+        self.namespace = f"ready.v{FORMAT_VERSION}/{form.value}/c{channels}"
+        self.fills = 0
+        self.hits = 0
+        self._lock = threading.Lock()
+
+    def meta(self, path: str) -> DerivedMeta:
+        """The cache key of `path`'s current content."""
+        try:
+            return DerivedMeta(path, self.source.version(path))
+        except FileNotFoundError:
+            raise UnreadableFileError(path, "the file disappeared since indexing") from None
+        except OSError as e:
+            raise UnreadableFileError(path, f"stat failed ({e})") from None
+
+    def _count(self, what: str, tally) -> None:
+        with self._lock:
+            setattr(self, what, getattr(self, what) + 1)
+        if tally is not None:
+            tally.add(f"cache_{what}")
+
+    def pinned(self, path: str, tally=None) -> Pinned | bytes:
+        """A pinned entry (hand its file to a reader; `unpin` it after), or
+        the entry's bytes when it cannot be pinned (just made, or no hard links)."""
+        meta = self.meta(path)
+        where = self.cache.pin(self.namespace, meta)
+        if where is None and self.cache.get(self.namespace, meta) is not None:
+            where = self.cache.pin(self.namespace, meta)  # verified now
+        if where is not None:
+            self._count("hits", tally)
+            return Pinned(*where)
+        return self.fill(path, tally)
+
+    def bytes(self, path: str, tally=None) -> bytes:
+        """The entry's bytes (filled first when missing)."""
+        data = self.cache.get(self.namespace, self.meta(path))
+        if data is not None:
+            self._count("hits", tally)
+            return data
+        return self.fill(path, tally)
+
+    def fill(self, path: str, tally=None) -> bytes:
+        """Reads and decodes `path` on the CPU, stores its entry, returns it."""
+        try:
+            data, version = self.source.read_versioned(path)
+        except FileNotFoundError:
+            raise UnreadableFileError(path, "the file disappeared since indexing") from None
+        except ObjectFetchError as e:
+            raise UnreadableFileError(path, e.reason) from None
+        except OSError as e:
+            raise UnreadableFileError(path, f"read failed ({e})") from None
+        entry = encode(self.decode(data, path), self.form)
+        self._count("fills", tally)
+        if version is None:
+            logger.info("%s changed while it was read; not cached.", path)
+            return entry
+        try:
+            self.cache.put(self.namespace, DerivedMeta(path, version), entry)
+        except OSError as e:  # a full disk must not stop training
+            logger.warning("Could not write to the cache %s: %s", self.cache.root, e)
+        return entry
+
+    def release(self, item: Any) -> None:
+        if isinstance(item, Pinned):
+            self.cache.unpin(item.file)
+
+
+class ReadyPinned:
+    """Item reader for TF's kernels: a pinned `RAW` entry (TF reads the file
+    itself), or the entry's bytes."""
+
+    io = True
+    holds = True
+    tallies = True
+
+    def __init__(self, ready: ReadyCache):
+        self.ready = ready
+
+    def __call__(self, path: str, tally=None) -> Pinned | bytes:
+        return self.ready.pinned(path, tally)
+
+    def release(self, item: Any) -> None:
+        self.ready.release(item)
+
+
+class ReadyBytes:
+    """Item reader for DALI: the entry's bytes (`TIFF`, decoded by DALI)."""
+
+    io = True
+    holds = False
+    tallies = True
+
+    def __init__(self, ready: ReadyCache):
+        self.ready = ready
+
+    def __call__(self, path: str, tally=None) -> bytes:
+        return self.ready.bytes(path, tally)
+
+    def release(self, item: Any) -> None:
+        pass
