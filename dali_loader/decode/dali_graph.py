@@ -127,6 +127,13 @@ def _decode(dali, encoded, gpu: bool, output_type):
     return dali.fn.decoders.image(encoded, device="cpu", **kw)
 
 
+def decode_ready(dali, encoded, channels: int, gpu: bool):
+    """Decodes GPU-ready cache entries (TIFFs of Keras's pixels, `channels`
+    each) as they are: `mixed` on a GPU, no colour conversion."""
+    output_type = getattr(dali.types, _READY_TYPES[channels])
+    return _decode(dali, encoded, gpu=gpu, output_type=output_type)
+
+
 def image_graph(dali, encoded, spec: ImageSpec, gpu: bool, input: Input = Input.FILES):
     """Builds decode -> colour -> crop/pad -> resize on DataNode `encoded`.
 
@@ -135,7 +142,7 @@ def image_graph(dali, encoded, spec: ImageSpec, gpu: bool, input: Input = Input.
     """
     fn, t = dali.fn, dali.types
     if input is Input.READY:
-        img = _decode(dali, encoded, gpu=gpu, output_type=getattr(t, _READY_TYPES[spec.channels]))
+        img = decode_ready(dali, encoded, spec.channels, gpu)
     elif spec.channels == 4:
         img = _to_rgba(dali, _decode(dali, encoded, gpu=False, output_type=t.ANY_DATA))
         if gpu:

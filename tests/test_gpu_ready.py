@@ -1,0 +1,292 @@
+"""The GPU-ready cache (`gpu_ready=True`): Keras's exact pixels, decoded on the
+CPU once per image, and the cache's guarantees (keys, verification, bounds,
+bad files, exactly-once)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+keras = pytest.importorskip("keras")
+tf = pytest.importorskip("tensorflow")
+
+from dali_loader.api import open_index  # noqa: E402
+from dali_loader.decode.ready_forms import ReadyForm, decode, encode  # noqa: E402
+from dali_loader.errors import CorruptImageError, UnreadableFileError  # noqa: E402
+from dali_loader.tfdata.dataset import ready_cache  # noqa: E402
+from tf_adapter import image_dataset_from_directory as ours  # noqa: E402
+
+MODES = {"grayscale": 1, "rgb": 3, "rgba": 4}
+
+
+@pytest.fixture(scope="module")
+def suite(pngsuite, tmp_path_factory):
+    """Every valid PngSuite file (161: all colour types, bit depths, palettes,
+    transparency, interlacing, gamma), in one folder."""
+    root = tmp_path_factory.mktemp("suite")
+    for p in pngsuite.glob("*.png"):
+        if not p.name.startswith("x"):
+            shutil.copy(p, root / p.name)
+    assert len(os.listdir(root)) == 161
+    return root
+
+
+def keras_pixels(path, channels):
+    data = tf.io.read_file(str(path))
+    return tf.image.decode_image(data, channels=channels, expand_animations=False).numpy()
+
+
+def dali_decode_ready(entries, channels):
+    """DALI's CPU decoder on cache entries, through the graph the loader runs."""
+    import nvidia.dali as dali
+    from nvidia.dali import fn, pipeline_def, types
+
+    from dali_loader.decode.dali_graph import decode_ready
+
+    @pipeline_def(batch_size=len(entries), num_threads=2, device_id=None)
+    def pipe():
+        enc = fn.external_source(source=lambda: [np.frombuffer(e, np.uint8) for e in entries],
+                                 batch=True, dtype=types.UINT8)
+        return decode_ready(dali, enc, channels, gpu=False)
+
+    p = pipe()
+    p.build()
+    (out,) = p.run()
+    return [np.asarray(t) for t in out]
+
+
+def ids(ds):
+    """Red channel / 10 of every image of one epoch of `id_tree` (its file ids)."""
+    xs = [x.numpy() for x, _ in ds]
+    return sorted(int(round(v)) for v in np.concatenate(xs)[:, 0, 0, 0] / 10) if xs else []
+
+
+@pytest.mark.parametrize("color_mode", sorted(MODES))
+@pytest.mark.parametrize("form", list(ReadyForm), ids=lambda f: f.name)
+def test_entries_hold_keras_pixels_exactly(suite, tmp_path, form, color_mode):
+    """Every valid PngSuite file: the entry decodes to exactly the pixels Keras
+    decodes (TIFF: by DALI's CPU decoder, which parses what `mixed` parses)."""
+    channels = MODES[color_mode]
+    src, index = open_index(str(suite), labels=None, shuffle=False, cache_dir=str(tmp_path))
+    with src:
+        ready = ready_cache(src, form, channels)
+        entries = [ready.bytes(p) for p in index.paths]
+        assert (ready.fills, ready.hits) == (161, 0)
+    if form is ReadyForm.TIFF:
+        got = dali_decode_ready(entries, channels)
+    else:
+        from dali_loader.decode.tf_kernels import raw_pixels
+
+        got = [raw_pixels(tf.constant(e), tf).numpy() for e in entries]
+    for path, g, entry in zip(index.paths, got, entries):
+        want = keras_pixels(path, channels)
+        np.testing.assert_array_equal(g, want, err_msg=os.path.basename(path))
+        np.testing.assert_array_equal(decode(entry, form), want, err_msg=os.path.basename(path))
+
+
+@pytest.mark.parametrize("color_mode", sorted(MODES))
+@pytest.mark.parametrize("decoder", ["tf", "dali"])
+def test_dataset_matches_keras_and_decodes_each_file_once(suite, tmp_path, decoder, color_mode):
+    """Through image_dataset_from_directory, first and cached epoch: TF's
+    kernels exactly; DALI up to float rounding in the resize, for every file,
+    including the grey-from-gAMA and 16-bit files the uncached DALI path misses
+    by up to 38.5 levels. CPU decodes: every file in epoch 0, none after."""
+    kw = dict(image_size=(20, 45), shuffle=False, batch_size=32, labels=None,
+              color_mode=color_mode, verbose=False)
+    ref = np.concatenate([x.numpy() for x in keras.utils.image_dataset_from_directory(
+        str(suite), **kw)]).astype(np.float64)
+    ds = ours(str(suite), decoder=decoder, gpu_ready=True, cache_dir=str(tmp_path), **kw)
+    for _ in range(2):
+        got = np.concatenate([x.numpy() for x in ds])
+        diff = np.abs(got - ref)
+        if decoder == "tf":
+            assert diff.max() == 0
+        else:
+            assert diff.max() < 0.01, diff.max()
+    stats = ds._dali_loader.epoch_stats
+    assert [(s["epoch"], s["files"], s["cpu_decodes"]) for s in stats] == [(0, 161, 161), (1, 161, 0)]
+    assert stats[1]["cache_hits"] == 161
+
+
+@pytest.mark.parametrize("kw", [dict(crop_to_aspect_ratio=True), dict(pad_to_aspect_ratio=True),
+                                dict(interpolation="nearest"), dict(interpolation="bicubic"),
+                                dict(data_format="channels_first")], ids=str)
+def test_tf_path_exact_for_every_resize_option(photo_tree, tmp_path, kw):
+    kw = dict(image_size=(24, 31), shuffle=False, batch_size=8, verbose=False, **kw)
+    ref = [(x.numpy(), y.numpy()) for x, y in keras.utils.image_dataset_from_directory(
+        str(photo_tree), **kw)]
+    ds = ours(str(photo_tree), decoder="tf", gpu_ready=True, cache_dir=str(tmp_path), **kw)
+    for _ in range(2):
+        got = [(x.numpy(), y.numpy()) for x, y in ds]
+        assert len(got) == len(ref)
+        for (gx, gy), (rx, ry) in zip(got, ref):
+            assert gx.dtype == rx.dtype
+            np.testing.assert_array_equal(gx, rx)
+            np.testing.assert_array_equal(gy, ry)
+
+
+@pytest.mark.parametrize("decoder", ["tf", "dali"])
+def test_cache_is_shared_by_later_datasets_and_processes(photo_tree, tmp_path, decoder):
+    """`dali-loader prefetch --gpu-ready` in another process fills the cache:
+    the dataset's first epoch then decodes nothing on the CPU."""
+    form = "gpu" if decoder == "dali" else "cpu"
+    out = subprocess.run(
+        [sys.executable, "-m", "dali_loader.tools.cli", "prefetch", str(photo_tree), "--gpu-ready",
+         "--form", form, "--cache-dir", str(tmp_path), "--no-progress"],
+        capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "21 images (rgb, %s form): 21 decoded and cached, 0 already cached, 0 failed" % form \
+        in out.stdout
+    ds = ours(str(photo_tree), decoder=decoder, gpu_ready=True, cache_dir=str(tmp_path),
+              image_size=(16, 16), shuffle=False, verbose=False)
+    assert sum(len(x) for x, _ in ds) == 21
+    (stats,) = ds._dali_loader.epoch_stats
+    assert (stats["cpu_decodes"], stats["cache_hits"]) == (0, 21)
+
+
+@pytest.mark.parametrize("decoder", ["tf", "dali"])
+def test_changed_file_is_decoded_again(id_tree, tmp_path, decoder):
+    """Entries are keyed by the file's size and mtime: a file rewritten in place
+    is decoded again, never served stale."""
+    from conftest import save
+
+    root = tmp_path / "data"
+    shutil.copytree(id_tree, root)
+    kw = dict(image_size=(8, 8), shuffle=False, batch_size=32, verbose=False, decoder=decoder,
+              gpu_ready=True, cache_dir=str(tmp_path / "cache"), interpolation="nearest")
+    ds = ours(str(root), **kw)
+    assert ids(ds) == list(range(23))
+    arr = np.zeros((25, 30, 3), np.uint8)
+    arr[..., 0] = 220  # file 4 now says 22
+    target = root / "even" / "004.png"
+    save(target, arr)
+    os.utime(target, ns=(os.stat(target).st_atime_ns, os.stat(target).st_mtime_ns + 10**9))
+    assert ids(ds) == sorted([*range(23)][:4] + [22] + [*range(23)][5:])
+    assert ds._dali_loader.epoch_stats[-1]["cpu_decodes"] == 1
+
+
+@pytest.mark.parametrize("decoder", ["tf", "dali"])
+def test_corrupted_entry_is_detected_and_refilled(id_tree, tmp_path, decoder):
+    """A bit flipped in a cache file on disk fails its CRC32C: the entry is
+    dropped and the file decoded again; the pixels stay right."""
+    kw = dict(image_size=(8, 8), shuffle=False, batch_size=32, verbose=False, decoder=decoder,
+              gpu_ready=True, cache_dir=str(tmp_path), interpolation="nearest")
+    assert ids(ours(str(id_tree), **kw)) == list(range(23))
+    objects = [os.path.join(d, f) for d, _, fs in os.walk(tmp_path / "v1" / "objects") for f in fs]
+    assert len(objects) == 23
+    for path in objects:  # a new process would verify each entry on first use
+        with open(path, "r+b") as f:
+            f.seek(-20, os.SEEK_END)
+            byte = f.read(1)
+            f.seek(-20, os.SEEK_END)
+            f.write(bytes([byte[0] ^ 0x10]))
+    ds = ours(str(id_tree), **kw)  # a new dataset: a new cache instance, nothing verified yet
+    assert ids(ds) == list(range(23))
+    assert ds._dali_loader.epoch_stats[-1]["cpu_decodes"] == 23
+
+
+@pytest.mark.parametrize("decoder", ["tf", "dali"])
+def test_bounded_cache_evicts_and_stays_exact(photo_tree, tmp_path, decoder):
+    kw = dict(image_size=(16, 16), shuffle=True, seed=3, batch_size=4, verbose=False,
+              decoder=decoder, gpu_ready=True, cache_dir=str(tmp_path))
+    ref_ds = ours(str(photo_tree), **{**kw, "gpu_ready": False, "cache_dir": None})
+    small = ours(str(photo_tree), **kw, cache_max_bytes=60_000)
+    for _ in range(3):
+        want = [x.numpy() for x, _ in ref_ds]
+        got = [x.numpy() for x, _ in small]
+        assert len(got) == len(want) == 6
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(g, w, atol=0 if decoder == "tf" else 0.01)
+    stats = small._dali_loader.epoch_stats
+    assert all(s["files"] == 21 for s in stats)
+    assert stats[-1]["cpu_decodes"] > 0  # the bound forced evictions
+    used = sum(os.path.getsize(os.path.join(d, f))
+               for d, _, fs in os.walk(tmp_path / "v1" / "objects") for f in fs)
+    assert used <= 60_000
+
+
+@pytest.mark.parametrize("decoder", ["tf", "dali"])
+def test_bad_files_raise_by_name_or_are_skipped_exactly_once(pngsuite, id_tree, tmp_path, decoder):
+    root = tmp_path / "data"
+    shutil.copytree(id_tree, root)
+    bad = sorted(p for p in pngsuite.glob("x*.png"))
+    assert len(bad) == 14
+    for p in bad:
+        shutil.copy(p, root / "odd" / p.name)
+    kw = dict(image_size=(8, 8), shuffle=True, seed=1, batch_size=5, verbose=False,
+              decoder=decoder, gpu_ready=True, cache_dir=str(tmp_path / "cache"),
+              interpolation="nearest")
+    with pytest.raises(Exception, match=r"x\w+\.png"):
+        for _ in ours(str(root), **kw):
+            pass
+    ds = ours(str(root), on_error="skip", **kw)
+    for _ in range(2):  # the second epoch from the cache
+        assert ids(ds) == list(range(23))
+    assert sorted(os.path.basename(p) for p in ds._dali_loader.skipped) == [p.name for p in bad]
+    assert [s["cpu_decodes"] for s in ds._dali_loader.epoch_stats][-1] == 0
+
+
+def test_gs_source_caches_entries_not_pngs(photo_tree, tmp_path, gcs):
+    """From gs://, the PNGs are downloaded (verified) once, and only the derived
+    entries are kept; entries are keyed by the object's generation."""
+    gcs(photo_tree)
+    kw = dict(image_size=(16, 16), shuffle=False, verbose=False, decoder="tf",
+              cache_dir=str(tmp_path))
+    want = [x.numpy() for x, _ in ours(str(photo_tree), **{**kw, "cache_dir": None})]
+    ds = ours("gs://b", gpu_ready=True, **kw)
+    for _ in range(2):
+        for g, w in zip([x.numpy() for x, _ in ds], want):
+            np.testing.assert_array_equal(g, w)
+    assert [s["cpu_decodes"] for s in ds._dali_loader.epoch_stats] == [21, 0]
+    ds.close()
+    headers = []
+    for d, _, fs in os.walk(tmp_path / "v1" / "objects"):
+        for f in fs:
+            with open(os.path.join(d, f), "rb") as fh:
+                headers.append(fh.read(300))
+    assert len(headers) == 21 and all(b"ready.v1/raw/c3" in h for h in headers)
+
+
+def test_forms_round_trip_and_reject_bad_input():
+    rng = np.random.default_rng(0)
+    for c in (1, 3, 4):
+        px = rng.integers(0, 256, (37, 53, c), dtype=np.uint8)
+        for form in ReadyForm:
+            np.testing.assert_array_equal(decode(encode(px, form), form), px)
+    with pytest.raises(ValueError, match="Received: shape=\\(4, 4\\)"):
+        encode(np.zeros((4, 4), np.uint8), ReadyForm.RAW)
+    with pytest.raises(ValueError, match="Received: gpu_ready='yes'"):
+        ours("/nonexistent", gpu_ready="yes")
+
+
+def test_gpu_ready_none_is_off_until_gpu_decode_is_verified(photo_tree, tmp_path):
+    from dali_loader.decode.ready_forms import GPU_DECODE_VERIFIED, resolve_gpu_ready
+
+    assert resolve_gpu_ready(None, "cpu") is False
+    assert resolve_gpu_ready(None, "gpu") is GPU_DECODE_VERIFIED
+    assert resolve_gpu_ready(True, "cpu") is True
+    ds = ours(str(photo_tree), image_size=(8, 8), verbose=False, cache_dir=str(tmp_path))
+    sum(1 for _ in ds)
+    assert ds._dali_loader.epoch_stats[0]["cpu_decodes"] == 21  # TF decodes every PNG
+    assert not os.path.exists(tmp_path / "v1")
+
+
+def test_unreadable_and_corrupt_errors_name_the_file(tmp_path):
+    from conftest import save
+
+    root = tmp_path / "data"
+    save(root / "a" / "ok.png", np.zeros((4, 4, 3), np.uint8))
+    (root / "a" / "bad.png").write_bytes(b"\x89PNG\r\n\x1a\n garbage")
+    src, index = open_index(str(root), cache_dir=str(tmp_path / "c"), shuffle=False)
+    ready = ready_cache(src, ReadyForm.RAW, 3)
+    with pytest.raises(CorruptImageError, match="bad.png.*TensorFlow's decoder failed"):
+        ready.bytes(str(root / "a" / "bad.png"))
+    os.unlink(root / "a" / "ok.png")
+    with pytest.raises(UnreadableFileError, match="ok.png"):
+        ready.bytes(str(root / "a" / "ok.png"))
+    src.close()
