@@ -21,6 +21,7 @@ from dali_loader.decode.spec import INTERPOLATIONS, ImageSpec, channels_for
 from dali_loader.feed.policy import check_on_error
 from dali_loader.index import ALLOWLIST_FORMATS, split
 from dali_loader.lazy import import_tf
+from dali_loader.tfdata.dali_plugin import Handoff, resolve_handoff
 from dali_loader.tfdata.dataset import make_loader, to_tf_dataset
 
 logger = logging.getLogger(__name__)
@@ -171,6 +172,7 @@ def image_dataset_from_directory(
     cache_max_bytes=None,
     decoder=None,
     input_context=None,
+    handoff=None,
 ):
     """Generates a `tf.data.Dataset` from image files in a directory.
 
@@ -196,6 +198,10 @@ def image_dataset_from_directory(
             k mod num_input_pipelines), DALI on its own GPU. Pass the
             per-replica batch size as `batch_size`. The split is made before
             sharding; every file is read once per epoch across all pipelines.
+        handoff: How DALI's batches reach TF: None (the DALI TF plugin on the GPU
+            with `on_error="raise"`, else the generator), "plugin" (the DALI TF
+            plugin: batches made and consumed on DALI's device, no host copy) or
+            "generator" (copied to the host, passed through `from_generator`).
 
     Returns:
         A `tf.data.Dataset`, or a list of two for `subset="both"`, each with
@@ -219,6 +225,12 @@ def image_dataset_from_directory(
         raise ValueError(
             'decoder="tf" decodes on the CPU; it cannot be combined with '
             f'device="gpu". Received: decoder={decoder}, device={device}'
+        )
+    handoff = resolve_handoff(handoff, device=device, on_error=on_error, batch_size=batch_size)
+    if handoff is Handoff.PLUGIN and device != "gpu" and decoder != "dali":
+        raise ValueError(
+            'handoff="plugin" hands over DALI\'s batches; on the CPU it needs decoder="dali". '
+            f"Received: handoff={handoff.value!r}, device={device!r}, decoder={decoder!r}"
         )
     if pad_to_aspect_ratio and crop_to_aspect_ratio:
         raise ValueError(
@@ -265,7 +277,8 @@ def image_dataset_from_directory(
             device_id=shard[0] % max(1, dali_gpu_count()) if device == "gpu" else 0,
         )
         ds = to_tf_dataset(loader, spec, batch_size, label_mode,
-                           len(class_names) if class_names else 0, num_threads=num_threads)
+                           len(class_names) if class_names else 0, num_threads=num_threads,
+                           handoff=handoff)
         ds.class_names = class_names
         ds.file_paths = list(sub_index.paths)
         resume_at = ds.resume_at
