@@ -36,3 +36,17 @@ def import_gcs():
             "Reading gs:// URLs needs google-cloud-storage: pip install google-cloud-storage"
         ) from e
     return storage
+
+
+def import_dali_tf():
+    """Imports the DALI TensorFlow plugin (`nvidia.dali.plugin.tf`)."""
+    import_tf()
+    import_dali()
+    try:
+        import nvidia.dali.plugin.tf as dali_tf
+    except ImportError as e:
+        raise ImportError(
+            'handoff="plugin" needs the DALI TensorFlow plugin, compiled against the installed '
+            "TensorFlow: pip install --no-build-isolation nvidia-dali-tf-plugin-cuda120==2.4.0"
+        ) from e
+    return dali_tf

@@ -22,6 +22,7 @@ from dali_loader.decode.spec import INTERPOLATIONS, ImageSpec, channels_for
 from dali_loader.feed.policy import check_on_error
 from dali_loader.index import ALLOWLIST_FORMATS, split
 from dali_loader.lazy import import_tf
+from dali_loader.tfdata.dali_plugin import Handoff, resolve_handoff
 from dali_loader.tfdata.dataset import make_loader, to_tf_dataset
 
 logger = logging.getLogger(__name__)
@@ -173,6 +174,7 @@ def image_dataset_from_directory(
     decoder=None,
     input_context=None,
     gpu_ready=None,
+    handoff=None,
 ):
     """Generates a `tf.data.Dataset` from image files in a directory.
 
@@ -205,6 +207,10 @@ def image_dataset_from_directory(
             `mixed` on a GPU; raw pixels for TF's kernels on the CPU). True,
             False, or None: on for the GPU path once a GPU run has confirmed
             that `mixed` decodes the cached form on the GPU (not yet: off).
+        handoff: How DALI's batches reach TF: None (the DALI TF plugin on the GPU
+            with `on_error="raise"` or `gpu_ready`, else the generator), "plugin" (the DALI TF
+            plugin: batches made and consumed on DALI's device, no host copy) or
+            "generator" (copied to the host, passed through `from_generator`).
 
     Returns:
         A `tf.data.Dataset`, or a list of two for `subset="both"`, each with
@@ -229,6 +235,13 @@ def image_dataset_from_directory(
         raise ValueError(
             'decoder="tf" decodes on the CPU; it cannot be combined with '
             f'device="gpu". Received: decoder={decoder}, device={device}'
+        )
+    handoff = resolve_handoff(handoff, device=device, on_error=on_error, batch_size=batch_size,
+                              gpu_ready=gpu_ready)
+    if handoff is Handoff.PLUGIN and device != "gpu" and decoder != "dali":
+        raise ValueError(
+            'handoff="plugin" hands over DALI\'s batches; on the CPU it needs decoder="dali". '
+            f"Received: handoff={handoff.value!r}, device={device!r}, decoder={decoder!r}"
         )
     if pad_to_aspect_ratio and crop_to_aspect_ratio:
         raise ValueError(
@@ -276,7 +289,8 @@ def image_dataset_from_directory(
             gpu_ready=gpu_ready,
         )
         ds = to_tf_dataset(loader, spec, batch_size, label_mode,
-                           len(class_names) if class_names else 0, num_threads=num_threads)
+                           len(class_names) if class_names else 0, num_threads=num_threads,
+                           handoff=handoff)
         ds.class_names = class_names
         ds.file_paths = list(sub_index.paths)
         resume_at = ds.resume_at

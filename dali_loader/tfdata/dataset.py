@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import functools
 import struct
-import weakref
 import zlib
 
 import numpy as np
@@ -41,6 +40,8 @@ from dali_loader.index import Index
 from dali_loader.lazy import import_tf
 from dali_loader.storage.source import Source, SourceKind
 from dali_loader.tfdata.audit import END, AuditRegistry, Auditor
+from dali_loader.tfdata.dali_plugin import Handoff, plugin_dataset, resolve_handoff
+from dali_loader.tfdata.weak import weakly as _weakly
 
 TF_CHUNK = 16  # files per generator call on the TF path
 
@@ -111,7 +112,8 @@ def _keras_pixels(channels: int, data: bytes, path: str) -> np.ndarray:
 
 def to_tf_dataset(loader: DaliBatches | Feed, spec: ImageSpec, batch_size: int | None,
                   label_mode: str | None, num_classes: int, *, num_threads: int | None = None,
-                  epoch: int | None = None, start_step: int = 0):
+                  epoch: int | None = None, start_step: int = 0,
+                  handoff: Handoff | str | None = None):
     """Wraps a loader as a finite, batched tf.data.Dataset like Keras's.
 
     Args:
@@ -125,6 +127,8 @@ def to_tf_dataset(loader: DaliBatches | Feed, spec: ImageSpec, batch_size: int |
             is that epoch, from its batch `start_step` on (the rest of an
             interrupted epoch; see `ds.resume_at`).
         start_step: With `epoch`, the first batch.
+        handoff: With `DaliBatches`, how batches reach TF (`dali_plugin.Handoff`;
+            None: the plugin on the GPU with `on_error="raise"`, else the generator).
 
     `ds.seek(e)` numbers the next iteration `e`; `ds.resume_at(e, k)` is a
     dataset of epoch `e` from batch `k` on, over the same loader.
@@ -135,27 +139,31 @@ def to_tf_dataset(loader: DaliBatches | Feed, spec: ImageSpec, batch_size: int |
     tf = import_tf()
     which = (epoch, start_step)
     if isinstance(loader, DaliBatches):
+        handoff = resolve_handoff(handoff, device=loader.device, on_error=loader.feed.on_error,
+                                  batch_size=batch_size, gpu_ready=loader.input is Input.READY)
+    if isinstance(loader, DaliBatches) and handoff is Handoff.PLUGIN:
+        ds = plugin_dataset(tf, loader, spec, batch_size, label_mode, num_classes, which,
+                            _cardinality(loader.feed, batch_size, epoch, start_step))
+        ds._dali_loader = loader
+        ds.close = loader.close
+        ds.seek = loader.feed.seek
+        ds.resume_at = functools.partial(_resume_at, loader, spec, batch_size, label_mode,
+                                         num_classes, num_threads, handoff)
+        return ds
+    if isinstance(loader, DaliBatches):
         ds = _dali_dataset(tf, loader, spec, batch_size, which)
         feed = loader.feed
     else:
         ds, audits = _tf_kernel_dataset(tf, loader, spec, batch_size, num_threads, which)
         feed = loader
-    if epoch is not None:  # validated now, not at the first batch
-        feed.check_start_step(start_step)
     if label_mode is None:
         ds = ds.map(lambda x, y: x)
     elif label_mode == "categorical":
         ds = ds.map(lambda x, y: (x, tf.one_hot(y, num_classes)))
     elif label_mode == "binary":
         ds = ds.map(lambda x, y: (x, tf.expand_dims(tf.cast(y, "float32"), -1)))
-    if feed.on_error == "raise" and feed.shards_even:
-        # Sharded with uneven batch counts, the cardinality stays unknown: each
-        # worker's tf.distribute would take its own pipeline's count as the
-        # steps per epoch, and workers running different step counts deadlock
-        # their collectives. Unknown, tf.distribute runs every replica until
-        # all are exhausted (an empty batch for a replica that has none).
-        size = -(-feed.num_files // batch_size) if batch_size else feed.num_files
-        size -= start_step if batch_size else min(size, start_step * feed.batch_size)
+    size = _cardinality(feed, batch_size, epoch, start_step)
+    if size is not None:
         ds = ds.apply(tf.data.experimental.assert_cardinality(size))
     ds = ds.prefetch(tf.data.AUTOTUNE)
     ds._dali_loader = loader
@@ -164,35 +172,35 @@ def to_tf_dataset(loader: DaliBatches | Feed, spec: ImageSpec, batch_size: int |
     ds.close = loader.close
     ds.seek = feed.seek
     ds.resume_at = functools.partial(_resume_at, loader, spec, batch_size, label_mode,
-                                     num_classes, num_threads)
+                                     num_classes, num_threads, handoff)
     return ds
 
 
-def _resume_at(loader, spec, batch_size, label_mode, num_classes, num_threads, epoch: int,
-               step: int):
+def _cardinality(feed: Feed, batch_size: int | None, epoch: int | None,
+                 start_step: int) -> int | None:
+    """The batches of an iteration, when every one of them is known to come (None if not).
+
+    Known when `on_error="raise"` (no file is left out). Sharded with uneven batch
+    counts, it stays unknown: each worker's tf.distribute would take its own
+    pipeline's count as the steps per epoch, and workers running different step
+    counts deadlock their collectives. Unknown, tf.distribute runs every replica
+    until all are exhausted (an empty batch for a replica that has none).
+    """
+    if epoch is not None:  # validated now, not at the first batch
+        feed.check_start_step(start_step)
+    if feed.on_error != "raise" or not feed.shards_even:
+        return None
+    size = -(-feed.num_files // batch_size) if batch_size else feed.num_files
+    return size - (start_step if batch_size else min(size, start_step * feed.batch_size))
+
+
+def _resume_at(loader, spec, batch_size, label_mode, num_classes, num_threads, handoff,
+               epoch: int, step: int):
     """The dataset of epoch `epoch` from batch `step` on (every iteration of it)."""
     if not isinstance(epoch, int) or epoch < 0:
         raise ValueError(f"`epoch` must be a non-negative integer. Received: epoch={epoch!r}")
     return to_tf_dataset(loader, spec, batch_size, label_mode, num_classes,
-                         num_threads=num_threads, epoch=epoch, start_step=step)
-
-
-def _weakly(obj, method: str, default):
-    """`obj.method`, called through a weak reference.
-
-    TF keeps every py_function of a tf.data pipeline alive for the life of the
-    process (they are registered on the outermost graph, see `script_ops`), so
-    a function that held the loader would keep its pools, cache pins and DALI
-    pipelines forever. The dataset object holds the loader instead; every
-    dataset derived from it, and every iterator, keeps it alive.
-    """
-    ref = weakref.ref(obj)
-
-    def call(*args):
-        target = ref()
-        return default() if target is None else getattr(target, method)(*args)
-
-    return call
+                         num_threads=num_threads, epoch=epoch, start_step=step, handoff=handoff)
 
 
 class _DaliEpochs:

@@ -1,0 +1,319 @@
+"""The DALI TF plugin handoff: DALI's batches are TF's tensors, on DALI's device.
+
+The other handoff (`Handoff.GENERATOR`, `dataset._dali_dataset`) copies every
+decoded batch to the host (`as_cpu()`), passes it through a Python generator
+and lets TF copy it back to the GPU. Here the batches come out of
+`nvidia.dali.plugin.tf.experimental.DALIDatasetWithInputs`, placed on the
+device DALI runs on (the GPU in production, the CPU with `device_id=None` in
+tests: the same graph).
+
+- Input: one `tf.data` generator per iterator over a new `FeedEpoch` (order,
+  shard, read-ahead, byte checks, exactly as the other handoff). A chunk is one
+  dense uint8 batch: each row is an 8-byte header (the file's length and its
+  label, int32) and the file's bytes, padded to the chunk's longest file.
+- DALI: the header is split off (`fn.reinterpret`), the file sliced to its
+  length, then `image_graph` (decode, colour, crop/pad, resize). Labels leave
+  DALI too (one-hot or binary made there), on the images' device: nothing
+  follows the DALI dataset, since TF's dataset ops other than prefetch have no
+  GPU kernels and would copy the batch back to the host.
+- Finite epochs: the input ends, so the DALI dataset ends; the partial last
+  batch is kept. The plugin reports an infinite cardinality; the dataset
+  declares the true one to Keras at the Python level (`cardinality()`), since
+  `assert_cardinality` is a CPU-only op.
+- Every iterator builds a new DALI pipeline (the plugin's rule).
+
+Bad files: the feed's byte checks leave most out before DALI sees them. A file
+that passes them and still fails DALI's decode ends the iterator: the plugin
+cannot recover a pipeline mid-epoch (measured on the CPU: the error names only
+"sample #k", and `ignore_errors()` after the plugin loops forever on "All
+pending outputs were already popped"). Iterated in Python, the error is turned
+into one that names the file (the positions of the last chunks handed to DALI
+are kept; the suspects are read again and decoded one by one). With
+`on_error="skip"` the file is recorded in `ds._dali_loader.skipped` and left
+out of every later epoch; the epoch it broke still ends with the error.
+Inside `model.fit` (a `tf.function`), DALI's own error is raised.
+"""
+
+from __future__ import annotations
+
+import collections
+import enum
+import logging
+import re
+import threading
+import time
+
+import numpy as np
+
+from dali_loader.decode.dali_batches import DaliBatches
+from dali_loader.decode.dali_graph import Input, default_num_threads, image_graph, probe_decode
+from dali_loader.decode.spec import ImageSpec
+from dali_loader.errors import BadFileError, CorruptImageError
+from dali_loader.feed.epochs import Chunk
+from dali_loader.lazy import import_dali, import_dali_tf
+from dali_loader.tfdata.weak import weakly
+
+logger = logging.getLogger(__name__)
+
+INPUT = "rows"  # the external_source the input dataset feeds
+HEADER = 8  # bytes before each file in a row: int32 length, int32 label
+_TRACKED_CHUNKS = 4  # chunks per iteration kept (positions only) to name a culprit
+_TRACKED_ITERATIONS = 16
+_PREFETCH = 2  # DALI's prefetch queue depth
+
+
+class Handoff(str, enum.Enum):
+    """How DALI's batches reach TF."""
+
+    GENERATOR = "generator"  # to the host, `from_generator`, back to the device by TF
+    PLUGIN = "plugin"  # the DALI TF plugin: produced and consumed on the same device
+
+
+def resolve_handoff(handoff: Handoff | str | None, *, device: str, on_error: str,
+                    batch_size: int | None, gpu_ready: bool = False) -> Handoff:
+    """The handoff for a DALI dataset; None picks the plugin on the GPU when it
+    holds every guarantee of the options: batched, and `on_error="raise"` or the
+    GPU-ready cache (its entries were decoded by TF first, so a file DALI cannot
+    decode never reaches DALI; bad files are left out by the feed)."""
+    if handoff is None:
+        plugin = device == "gpu" and batch_size is not None and (on_error == "raise" or gpu_ready)
+        return Handoff.PLUGIN if plugin else Handoff.GENERATOR
+    try:
+        handoff = Handoff(handoff)
+    except ValueError:
+        raise ValueError('`handoff` must be None, "generator" or "plugin". '
+                         f"Received: handoff={handoff!r}") from None
+    if handoff is Handoff.PLUGIN and batch_size is None:
+        raise ValueError('handoff="plugin" needs batches (DALI makes them). '
+                         f"Received: handoff={handoff.value!r}, batch_size=None")
+    return handoff
+
+
+def pack_rows(items: list[bytes], labels: np.ndarray | None) -> np.ndarray:
+    """One dense uint8 batch: per file, its length and label (int32, little-endian),
+    then its bytes, zero-padded to the longest file of the batch."""
+    n = len(items)
+    sizes = np.fromiter(map(len, items), np.int64, n)
+    rows = np.zeros((n, HEADER + int(sizes.max())), np.uint8)
+    head = np.zeros((n, 2), "<i4")
+    head[:, 0] = sizes
+    if labels is not None:
+        head[:, 1] = labels
+    rows[:, :HEADER] = head.view(np.uint8)
+    for k, data in enumerate(items):
+        rows[k, HEADER:HEADER + len(data)] = np.frombuffer(data, np.uint8)
+    return rows
+
+
+def plugin_graph(dali, rows, spec: ImageSpec, gpu: bool, label_mode: str | None,
+                 num_classes: int, input: Input = Input.FILES):
+    """Rows in (`pack_rows`), images or `(images, labels)` out, all on one device.
+    `input`: what the rows hold (files, or GPU-ready cache entries)."""
+    fn, t = dali.fn, dali.types
+    head = fn.reinterpret(fn.slice(rows, start=[0], shape=[HEADER], axes=[0]), dtype=t.INT32)
+    encoded = fn.slice(rows, start=[HEADER], shape=head[0:1], axes=[0])
+    images = image_graph(dali, encoded, spec=spec, gpu=gpu, input=input)
+    if label_mode is None:
+        return images
+    label = head[1]
+    if label_mode == "categorical":
+        label = fn.one_hot(label, num_classes=num_classes, dtype=t.FLOAT)
+    elif label_mode == "binary":
+        label = fn.reshape(fn.cast(label, dtype=t.FLOAT), shape=[1])
+    return images, (label.gpu() if gpu else label)
+
+
+def build_plugin_pipeline(spec: ImageSpec, batch_size: int, *, gpu: bool, device_id: int | None,
+                          num_threads: int | None, label_mode: str | None, num_classes: int,
+                          input: Input = Input.FILES):
+    """The (unbuilt) DALI pipeline the plugin serializes: `plugin_graph` on an input."""
+    dali = import_dali()
+
+    def graph():
+        rows = dali.fn.external_source(name=INPUT, dtype=dali.types.UINT8, ndim=1, batch=True)
+        return plugin_graph(dali, rows, spec, gpu, label_mode, num_classes, input)
+
+    return dali.pipeline_def(
+        graph,
+        enable_conditionals=spec.channels == 4 and input is Input.FILES,
+        batch_size=batch_size,
+        num_threads=num_threads or default_num_threads(),
+        device_id=device_id if gpu else None,
+        prefetch_queue_depth=_PREFETCH,
+        exec_dynamic=True,
+    )()
+
+
+class _PluginEpochs:
+    """What the input generator calls, once per iterator, and what names a culprit."""
+
+    def __init__(self, batches: DaliBatches, which: tuple[int | None, int], labelled: bool):
+        self.batches = batches
+        self.which = which
+        self.labelled = labelled
+        self.undecodable: dict[int, str] = {}  # position -> reason (skip: left out)
+        self.iterations = 0  # input generators started: one DALI pipeline built each
+        self.epoch_setup_seconds: collections.deque[float] = collections.deque(maxlen=1000)
+        self._recent: collections.deque[collections.deque[list[int]]] = collections.deque(
+            maxlen=_TRACKED_ITERATIONS)
+        self._lock = threading.Lock()
+
+    def epoch(self):
+        t0 = time.perf_counter()
+        feed = self.batches.feed
+        epoch = feed.epoch(*self.which)
+        handed: collections.deque[list[int]] = collections.deque(maxlen=_TRACKED_CHUNKS)
+        with self._lock:
+            self.iterations += 1
+            self._recent.append(handed)
+        self.epoch_setup_seconds.append(time.perf_counter() - t0)
+        try:
+            while True:
+                chunk = epoch.next_chunk(self.batches.batch_size)
+                if chunk is None:
+                    return
+                chunk = self._leave_out_undecodable(epoch, chunk)
+                if not chunk.items:
+                    continue
+                handed.append(list(chunk.positions))
+                labels = epoch.labels(chunk.positions) if self.labelled else None
+                yield pack_rows(chunk.items, labels)
+        finally:
+            epoch.close()
+
+    def _leave_out_undecodable(self, epoch, chunk: Chunk) -> Chunk:
+        if not self.undecodable:
+            return chunk
+        keep = [i for i, p in enumerate(chunk.positions) if p not in self.undecodable]
+        for i in range(len(chunk.positions)):
+            if i not in keep:
+                pos = chunk.positions[i]
+                epoch.errors(CorruptImageError(epoch.path(pos), self.undecodable[pos]))
+        return Chunk([chunk.items[i] for i in keep], [chunk.positions[i] for i in keep])
+
+    def name_culprit(self, err: Exception) -> CorruptImageError | None:
+        """After DALI failed: the file it failed on, found by decoding the recent
+        suspects one by one (the sample index DALI reports first); None if none fails."""
+        found = re.search(r"sample #(\d+)", str(err))
+        k = int(found.group(1)) if found else None
+        with self._lock:
+            chunks = [c for handed in reversed(self._recent) for c in reversed(handed)]
+        first = [c[k] for c in chunks if k is not None and k < len(c)]
+        rest = [p for c in chunks for p in c if p not in first]
+        feed = self.batches.feed
+        paths = feed.index.paths
+        for pos in dict.fromkeys(first + rest):
+            try:
+                data = feed.items(paths[pos])
+            except BadFileError as e:
+                return e if isinstance(e, CorruptImageError) else None
+            problem = probe_decode(data, self.batches.spec, self.batches.input)
+            if problem:
+                culprit = CorruptImageError(paths[pos], f"DALI's decoder failed on it ({problem})")
+                if feed.on_error == "skip":
+                    self.undecodable[pos] = culprit.reason
+                    if feed.report.add(culprit):
+                        logger.warning("Skipping %s from the next epoch on: %s [%s]",
+                                       culprit.path, culprit.reason, culprit.kind)
+                return culprit
+        return None
+
+
+_CLASSES: dict[str, type] = {}
+
+
+def _dataset_class(tf) -> type:
+    """`PluginDataset`: the plugin's dataset as is (the same variant tensor, no op
+    added), with the true cardinality and iterators that name a culprit file."""
+    if "dataset" in _CLASSES:
+        return _CLASSES["dataset"]
+    from tensorflow.python.data.ops import dataset_ops, iterator_ops
+    from tensorflow.python.eager import context
+
+    class NamingIterator(iterator_ops.OwnedIterator):
+        """Eager `next()` that turns DALI's decode failure into an error naming the file."""
+
+        def __init__(self, dataset, epochs: _PluginEpochs):
+            self._plugin_epochs = epochs  # keeps the input generator's target alive
+            super().__init__(dataset)
+
+        def _next_internal(self):
+            if not context.executing_eagerly():
+                return super()._next_internal()
+            try:
+                return super()._next_internal()
+            except tf.errors.InternalError as err:
+                culprit = self._plugin_epochs.name_culprit(err)
+                if culprit is None:
+                    raise
+                later = (" It is left out of the next epochs (on_error=\"skip\"); this epoch "
+                         "ended: DALI's pipeline cannot go on after a decode failure."
+                         if self._plugin_epochs.batches.feed.on_error == "skip" else "")
+                raise tf.errors.InternalError(None, None, f"{culprit}{later}\n{err.message}"
+                                              ) from err
+
+    class PluginDataset(dataset_ops.UnaryUnchangedStructureDataset):
+        def __init__(self, dali_dataset, epochs: _PluginEpochs, cardinality: int | None):
+            self._plugin_epochs = epochs
+            self._known_cardinality = cardinality
+            super().__init__(dali_dataset, dali_dataset._variant_tensor)
+
+        @property
+        def element_spec(self):
+            # The plugin always yields a tuple; unlabelled, its one tensor alone
+            # (the same flat components: no op needed).
+            spec = self._input_dataset.element_spec
+            return spec if self._plugin_epochs.labelled else spec[0]
+
+        def cardinality(self):
+            if self._known_cardinality is None:
+                return tf.constant(tf.data.UNKNOWN_CARDINALITY, tf.int64)
+            return tf.constant(self._known_cardinality, tf.int64)
+
+        def __iter__(self):
+            if context.executing_eagerly():
+                with tf.device(self._variant_tensor.device):
+                    return NamingIterator(self, self._plugin_epochs)
+            return super().__iter__()
+
+    _CLASSES["dataset"] = PluginDataset
+    return PluginDataset
+
+
+def plugin_dataset(tf, batches: DaliBatches, spec: ImageSpec, batch_size: int,
+                   label_mode: str | None, num_classes: int, which: tuple[int | None, int],
+                   cardinality: int | None):
+    """The DALI TF plugin's dataset over `batches`' feed: `(images, labels)` or
+    images, on `batches.device`; `cardinality` batches (None: unknown)."""
+    dali_tf = import_dali_tf()
+    gpu = batches.device == "gpu"
+    epochs = _PluginEpochs(batches, which, label_mode is not None)
+    rows = tf.data.Dataset.from_generator(weakly(epochs, "epoch", lambda: iter(())),
+                                          output_signature=tf.TensorSpec((None, None), tf.uint8))
+    device = f"/gpu:{batches.device_id}" if gpu else "/cpu:0"
+    if gpu:  # the plugin's rule: the input on the dataset's device
+        rows = rows.apply(tf.data.experimental.copy_to_device(device))
+    pipe = build_plugin_pipeline(spec, batch_size, gpu=gpu, device_id=batches.device_id,
+                                 num_threads=batches.num_threads, label_mode=label_mode,
+                                 num_classes=num_classes, input=batches.input)
+    img_dtype = tf.uint8 if spec.output_uint8 else tf.float32
+    shapes = [(None, *spec.shape)]
+    dtypes = [img_dtype]
+    if label_mode is not None:
+        shapes.append({"int": (None,), "categorical": (None, num_classes),
+                       "binary": (None, 1)}[label_mode])
+        dtypes.append(tf.int32 if label_mode == "int" else tf.float32)
+    with tf.device(device):
+        ds = dali_tf.experimental.DALIDatasetWithInputs(
+            pipeline=pipe,
+            input_datasets={INPUT: dali_tf.experimental.Input(rows, batch=True)},
+            batch_size=batch_size,
+            output_shapes=(tuple(shapes) if label_mode is not None
+                           else tf.TensorShape(shapes[0])),
+            output_dtypes=tuple(dtypes) if label_mode is not None else dtypes[0],
+            num_threads=batches.num_threads or default_num_threads(),
+            device_id=batches.device_id if gpu else None,
+            exec_dynamic=True,
+            prefetch_queue_depth=_PREFETCH,
+        )
+        return _dataset_class(tf)(ds, epochs, cardinality)

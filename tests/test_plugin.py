@@ -1,0 +1,264 @@
+"""The DALI TF plugin handoff (`handoff="plugin"`), run on the CPU (`decoder="dali"`,
+DALI's `device_id=None`): the graph the GPU runs, with every guarantee of the
+generator handoff checked against it: pixels, labels, exactly-once epochs,
+reshuffling, interleaved iterators, cardinality, `model.fit`, bad files."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import warnings
+
+import numpy as np
+import pytest
+
+tf = pytest.importorskip("tensorflow")
+keras = pytest.importorskip("keras")
+pytest.importorskip("nvidia.dali.plugin.tf")
+
+from test_bad_input import _bad_zlib_png, bad_tree  # noqa: E402,F401
+from tf_adapter import image_dataset_from_directory as ours  # noqa: E402
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def ids(batch) -> list[int]:
+    """File ids of an id_tree batch (red channel = 10 x id)."""
+    return [int(round(float(v) / 10)) for v in np.asarray(batch)[:, 0, 0, 0]]
+
+
+def make(root, handoff="plugin", **kw):
+    args = dict(label_mode=None, image_size=(8, 8), batch_size=4, seed=5, verbose=False,
+                decoder="dali", handoff=handoff)
+    args.update(kw)
+    return ours(str(root), **args)
+
+
+def as_tuple(element):
+    return element if isinstance(element, tuple) else (element,)
+
+
+@pytest.mark.parametrize("kw", [
+    dict(label_mode="int"), dict(label_mode=None), dict(label_mode="categorical"),
+    dict(label_mode="binary"), dict(color_mode="grayscale", crop_to_aspect_ratio=True),
+    dict(color_mode="rgba", pad_to_aspect_ratio=True), dict(data_format="channels_first"),
+], ids=str)
+def test_same_batches_as_the_generator_handoff(photo_tree, kw):
+    if kw.get("label_mode") == "binary":  # two classes
+        root = photo_tree.parent / "two_classes"
+        if not root.exists():
+            shutil.copytree(photo_tree / "class_0", root / "class_0")
+            shutil.copytree(photo_tree / "class_1", root / "class_1")
+        photo_tree = root
+    args = dict(image_size=(24, 32), batch_size=5, seed=3, **kw)
+    plugin, generator = make(photo_tree, **args), make(photo_tree, "generator", **args)
+    assert plugin.element_spec == generator.element_spec
+    assert int(plugin.cardinality()) == int(generator.cardinality()) == len(generator)
+    for _ in range(2):  # two epochs, each reshuffled alike
+        got = [as_tuple(e) for e in plugin]
+        want = [as_tuple(e) for e in generator]
+        n = len(plugin.file_paths)
+        assert [int(e[0].shape[0]) for e in got] == [5] * (n // 5) + [n % 5]  # partial kept
+        assert len(got) == len(want)
+        for g, w in zip(got, want):
+            for a, b in zip(g, w):
+                assert a.dtype == b.dtype and a.shape == b.shape
+                np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+def test_every_file_once_per_epoch_and_reshuffled(id_tree):
+    ds = make(id_tree)
+    epochs = [[i for x in ds for i in ids(x)] for _ in range(3)]
+    for seen in epochs:
+        assert sorted(seen) == list(range(23))
+    assert epochs[0] != epochs[1] != epochs[2]
+    assert ds._dali_loader.skipped == {}
+
+
+@pytest.mark.parametrize("on_error", ["raise", "skip"])
+def test_two_interleaved_iterators_each_yield_a_whole_epoch(id_tree, on_error):
+    ds = make(id_tree, on_error=on_error)
+    a, b = iter(ds), iter(ds)
+    seen_a, seen_b = [], []
+    for _ in range(6):  # 23 files in batches of 4
+        seen_a += ids(next(a))
+        seen_b += ids(next(b))
+    for it in (a, b):
+        with pytest.raises(StopIteration):
+            next(it)
+    assert sorted(seen_a) == sorted(seen_b) == list(range(23))
+    assert seen_a != seen_b  # two epochs: two permutations
+    assert sorted(i for x in ds for i in ids(x)) == list(range(23))
+
+
+def test_fit_with_validation_subset_both_several_epochs(id_tree):
+    train, val = make(id_tree, label_mode="int", validation_split=0.3, subset="both")
+    n_train, n_val = len(train.file_paths), len(val.file_paths)
+    assert n_train + n_val == 23
+    assert int(train.cardinality()) == -(-n_train // 4)
+    counts, seen = [], []
+
+    class Count(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            self.n = 0
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.n += 1
+
+        def on_epoch_end(self, epoch, logs=None):
+            counts.append(self.n)
+
+    model = keras.Sequential([keras.Input((8, 8, 3)), keras.layers.Flatten(),
+                              keras.layers.Dense(2)])
+    model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        hist = model.fit(train, validation_data=val, epochs=3, verbose=0, callbacks=[Count()])
+    assert not [w for w in caught if "ran out of data" in str(w.message)]
+    assert counts == [-(-n_train // 4)] * 3
+    assert len(hist.history["val_loss"]) == 3 and np.isfinite(hist.history["val_loss"]).all()
+    # Pipelines: one per iteration (3 training epochs, 3 validations), all finished.
+    for ds, n in ((train, n_train), (val, n_val)):
+        seen = sorted(i for x, _ in ds for i in ids(x))
+        assert len(seen) == n and len(set(seen)) == n
+    labels = np.concatenate([y.numpy() for x, y in val])
+    assert set(labels) <= {0, 1}
+    xs = np.concatenate([ids(x) for x, _ in val])
+    np.testing.assert_array_equal(labels, xs % 2)  # "even" is class 0, "odd" class 1
+
+
+def _zlib_tree(bad_tree, tmp_path, n_good: int, bad_name: str):
+    """`n_good` good id PNGs and one whose zlib stream is garbage (passes the checks)."""
+    root, _ = bad_tree
+    only = tmp_path / "one"
+    (only / "c").mkdir(parents=True)
+    for i in range(n_good):
+        shutil.copy(root / "even" / f"{2 * i:03d}.png", only / "c" / f"{i}.png")
+    shutil.copy(root / "odd" / "zlib.png", only / "c" / bad_name)
+    return only
+
+
+def test_raise_names_a_file_the_checks_catch(bad_tree, id_tree):
+    root, bad = bad_tree
+    ds = make(root, shuffle=False)
+    with pytest.raises(tf.errors.OpError) as err:
+        for _ in ds:
+            pass
+    msg = str(err.value)
+    assert "Cannot load image file" in msg and any(b in msg for b in bad), msg
+    assert sum(int(x.shape[0]) for x in make(id_tree)) == 23  # the process is fine
+
+
+def test_skip_keeps_every_good_file_once_and_reports_every_bad_one(bad_tree, caplog):
+    """PngSuite's corrupt files and the others the byte checks catch; the zlib
+    one fails DALI's decode: its first epoch ends with an error naming it, and it
+    is left out of every later one."""
+    root, bad = bad_tree
+    caplog.set_level(logging.WARNING)
+    ds = make(root, shuffle=True, seed=3, batch_size=5, on_error="skip")
+    assert int(ds.cardinality()) == tf.data.UNKNOWN_CARDINALITY
+    with pytest.raises(tf.errors.InternalError, match="zlib.png"):
+        for _ in ds:
+            pass
+    for _ in range(2):
+        assert sorted(i for x in ds for i in ids(x)) == list(range(23))
+    assert set(ds._dali_loader.skipped) == set(bad)
+    reported = {r.getMessage().split(": ")[0].removeprefix("Skipping ")
+                .removesuffix(" from the next epoch on") for r in caplog.records}
+    assert set(bad) <= reported
+
+
+def test_decode_failure_past_the_checks_names_the_file(bad_tree, tmp_path):
+    only = _zlib_tree(bad_tree, tmp_path, 6, "3b.png")
+    ds = make(only, shuffle=False, batch_size=3)
+    for _ in range(2):  # and again: nothing hangs, nothing is left behind
+        with pytest.raises(tf.errors.InternalError, match="3b.png"):
+            for _ in ds:
+                pass
+    assert ds._dali_loader.skipped == {}
+    assert sum(int(x.shape[0]) for x in make(only.parent / "one", "generator", shuffle=False,
+                                             on_error="skip", batch_size=3)) == 6
+
+
+def test_with_the_gpu_ready_cache_skip_holds_through_the_plugin(bad_tree, tmp_path):
+    """With `gpu_ready=True` every file is decoded by TF in the feed before DALI
+    sees its entry: the zlib file that ends a plugin epoch above is left out by
+    the feed instead, in every epoch, and each good file comes once per epoch,
+    first from the PNGs and then from the cache. The default handoff on a GPU
+    is then the plugin for `skip` too."""
+    from dali_loader.tfdata.dali_plugin import Handoff, resolve_handoff
+
+    root, bad = bad_tree
+    ds = make(root, shuffle=True, seed=3, batch_size=5, on_error="skip", gpu_ready=True,
+              cache_dir=str(tmp_path))
+    for _ in range(3):
+        assert sorted(i for x in ds for i in ids(x)) == list(range(23))
+    assert set(ds._dali_loader.skipped) == set(bad)
+    assert [s["cpu_decodes"] for s in ds._dali_loader.epoch_stats] == [23, 0, 0]
+    pick = dict(device="gpu", on_error="skip", batch_size=8)
+    assert resolve_handoff(None, **pick, gpu_ready=True) is Handoff.PLUGIN
+    assert resolve_handoff(None, **pick) is Handoff.GENERATOR
+
+
+def test_handoff_errors_echo_the_value(id_tree):
+    with pytest.raises(ValueError, match="handoff='nope'"):
+        make(id_tree, handoff="nope")
+    with pytest.raises(ValueError, match="batch_size=None"):
+        make(id_tree, batch_size=None)
+    with pytest.raises(ValueError, match='decoder="dali"'):
+        make(id_tree, decoder="tf")
+
+
+# -- On a GPU (skipped elsewhere): placement, pixels, fit under both allocators --------
+from test_gpu import needs_gpu  # noqa: E402
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_gpu_batches_and_labels_are_on_the_gpu_and_match_the_cpu(photo_tree):
+    args = dict(label_mode="int", image_size=(48, 64), batch_size=8, shuffle=False,
+                verbose=False)
+    gpu = ours(str(photo_tree), device="gpu", **args)
+    assert gpu._dali_loader.device == "gpu"
+    assert gpu.element_spec[0].shape[1:] == (48, 64, 3)
+    got = list(gpu)
+    for x, y in got:
+        assert "GPU" in x.device and "GPU" in y.device, (x.device, y.device)
+    cpu = [(x.numpy(), y.numpy()) for x, y in ours(str(photo_tree), device="cpu", **args)]
+    assert len(got) == len(cpu) == 3
+    for (x, y), (cx, cy) in zip(got, cpu):
+        np.testing.assert_array_equal(y.numpy(), cy)
+        assert np.abs(x.numpy().astype(np.float64) - cx).mean() < 0.5
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("allocator", ["", "cuda_malloc_async"])
+def test_gpu_fit_through_the_plugin(photo_tree, allocator):
+    import os
+    import subprocess
+    import sys
+
+    code = f"""
+import warnings, numpy as np, keras
+from tf_adapter import image_dataset_from_directory
+train, val = image_dataset_from_directory({str(photo_tree)!r}, image_size=(64, 64), batch_size=8,
+                                          validation_split=0.25, subset="both", seed=1)
+assert train._dali_loader.device == "gpu" and type(train).__name__ == "PluginDataset"
+m = keras.Sequential([keras.Input((64, 64, 3)), keras.layers.Conv2D(8, 3),
+                      keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(3)])
+m.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+with warnings.catch_warnings(record=True) as w:
+    warnings.simplefilter("always")
+    h = m.fit(train, validation_data=val, epochs=3, verbose=0)
+assert not [x for x in w if "ran out of data" in str(x.message)]
+assert np.isfinite(h.history["loss"]).all() and len(h.history["val_loss"]) == 3
+print("fit-ok")
+"""
+    env = dict(os.environ)
+    if allocator:
+        env["TF_GPU_ALLOCATOR"] = allocator
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert "fit-ok" in out.stdout, out.stderr[-3000:]
