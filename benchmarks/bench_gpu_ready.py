@@ -1,0 +1,121 @@
+"""The GPU-ready cache on this machine: a cached epoch against decoding the PNGs.
+
+One run, side by side, over the same photo-like 500x375 PNGs (local disk,
+page cache warm), `image_dataset_from_directory` at 244x244, batch 128:
+
+- the PNG decode-only bound: TF's `decode_png` of in-memory bytes on all
+  cores, nothing else (no read, no resize): what any loader that decodes the
+  PNGs can reach at most here;
+- per decoder (TF's kernels, the CPU default; DALI on the CPU), the loader
+  without the cache, the cache's first epoch (it fills), and cached epochs;
+- CPU decodes per epoch (`ds._dali_loader.epoch_stats`) and the cache's bytes
+  per image against the PNG's.
+
+    .venv/bin/python benchmarks/bench_gpu_ready.py [--num-images 384] [--epochs 3] [--json F]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def png_decode_bound(tf, files: list[str], threads: int, rounds: int = 3) -> float:
+    """Images/s of `tf.io.decode_png` alone over in-memory bytes, `threads` at once."""
+    blobs = [open(f, "rb").read() for f in files]
+    ds = tf.data.Dataset.from_tensor_slices(blobs).map(
+        lambda b: tf.shape(tf.io.decode_png(b, channels=3))[0], num_parallel_calls=threads)
+    for _ in ds:  # warm-up
+        pass
+    best = 0.0
+    for _ in range(rounds):
+        t = time.perf_counter()
+        n = sum(1 for _ in ds)
+        best = max(best, n / (time.perf_counter() - t))
+    return best
+
+
+def time_epoch(ds) -> tuple[float, int]:
+    t = time.perf_counter()
+    n = sum(int(x.shape[0]) for x, _ in ds)
+    return n / (time.perf_counter() - t), n
+
+
+def cache_bytes(root: str) -> int:
+    return sum(os.path.getsize(os.path.join(d, f))
+               for d, _, fs in os.walk(os.path.join(root, "v1", "objects")) for f in fs)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--data", default=None, help="a folder of images (default: sample photos)")
+    ap.add_argument("--num-images", type=int, default=384)
+    ap.add_argument("--epochs", type=int, default=3, help="cached epochs per decoder")
+    ap.add_argument("--decoders", default="tf,dali")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+
+    import tensorflow as tf
+
+    from dali_loader.decode.dali_graph import default_num_threads
+    from dali_loader.tools.sample import make_sample_dataset
+    from tf_adapter import image_dataset_from_directory
+
+    threads = default_num_threads()
+    rows: list[dict] = []
+    with tempfile.TemporaryDirectory(prefix="dali-ready-") as tmp:
+        data = args.data or make_sample_dataset(
+            os.path.join(tmp, "data"), num_images=args.num_images, num_classes=4,
+            size=(375, 500), seed=0)
+        files = [os.path.join(d, f) for d, _, fs in os.walk(data) for f in fs]
+        png_bytes = sum(os.path.getsize(f) for f in files)
+        bound = png_decode_bound(tf, files, threads)
+        print(f"{len(files)} images, {png_bytes / len(files) / 1024:.0f} KiB per PNG, "
+              f"{threads} cores")
+        print(f"PNG decode-only bound (tf.io.decode_png, in memory, {threads} threads): "
+              f"{bound:.0f} img/s")
+        kw = dict(batch_size=128, image_size=(244, 244), seed=1, verbose=False)
+        for decoder in args.decoders.split(","):
+            cache = os.path.join(tmp, f"cache-{decoder}")
+            plain = image_dataset_from_directory(data, decoder=decoder, **kw)
+            time_epoch(plain)  # warm-up: page cache, DALI pipeline build
+            plain_rate, _ = time_epoch(plain)
+            rows.append(dict(decoder=decoder, epoch="no cache", img_s=plain_rate,
+                             cpu_decodes=plain._dali_loader.epoch_stats[-1]["cpu_decodes"]))
+            ds = image_dataset_from_directory(data, decoder=decoder, gpu_ready=True,
+                                              cache_dir=cache, **kw)
+            for e in range(1 + args.epochs):
+                rate, n = time_epoch(ds)
+                stats = ds._dali_loader.epoch_stats[-1]
+                rows.append(dict(decoder=decoder, epoch="first (fills)" if e == 0 else f"cached {e}",
+                                 img_s=rate, cpu_decodes=stats["cpu_decodes"],
+                                 bytes_per_png_byte=cache_bytes(cache) / png_bytes))
+            ds.close()
+            plain.close()
+    print("\n| decoder | epoch | img/s | ÷ PNG decode bound | CPU decodes | cache bytes ÷ PNG |")
+    print("|---|---|---:|---:|---:|---:|")
+    for r in rows:
+        ratio = r.get("bytes_per_png_byte")
+        print(f"| {r['decoder']} | {r['epoch']} | {r['img_s']:.0f} | {r['img_s'] / bound:.2f} | "
+              f"{r['cpu_decodes']} | {'' if ratio is None else f'{ratio:.2f}'} |")
+    for decoder in args.decoders.split(","):
+        cached = [r["img_s"] for r in rows if r["decoder"] == decoder and r["epoch"].startswith("cached")]
+        plain = next(r["img_s"] for r in rows if r["decoder"] == decoder and r["epoch"] == "no cache")
+        print(f"{decoder}: best cached epoch ÷ PNG decode-only bound {max(cached) / bound:.2f}, "
+              f"÷ the loader without the cache {max(cached) / plain:.2f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"png_decode_bound": bound, "threads": threads, "images": len(files),
+                       "rows": rows}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
