@@ -11,7 +11,13 @@ page cache warm), `image_dataset_from_directory` at 244x244, batch 128:
 - CPU decodes per epoch (`ds._dali_loader.epoch_stats`) and the cache's bytes
   per image against the PNG's.
 
-    .venv/bin/python benchmarks/bench_gpu_ready.py [--num-images 384] [--epochs 3] [--json F]
+Each configuration runs in its own process, one after the other: glibc's
+default malloc, and `GLIBC_TUNABLES` that keep freed memory in the process
+(`MALLOC_TUNABLES` below). On this project's VM fresh memory is expensive
+(docs/gcs.md): a cached epoch moves about 2.4 MB of tensors per image, and
+with glibc's defaults every large buffer is a fresh `mmap`.
+
+    .venv/bin/python benchmarks/bench_gpu_ready.py [--num-images 768] [--epochs 4] [--json F]
 """
 
 from __future__ import annotations
@@ -19,9 +25,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
+import subprocess
 import sys
 import tempfile
 import time
+
+MALLOC_TUNABLES = ("glibc.malloc.mmap_threshold=268435456:glibc.malloc.trim_threshold=4294967296"
+                   ":glibc.malloc.top_pad=268435456")
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -56,11 +67,34 @@ def cache_bytes(root: str) -> int:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--data", default=None, help="a folder of images (default: sample photos)")
-    ap.add_argument("--num-images", type=int, default=384)
-    ap.add_argument("--epochs", type=int, default=3, help="cached epochs per decoder")
+    ap.add_argument("--num-images", type=int, default=768)
+    ap.add_argument("--epochs", type=int, default=4, help="cached epochs per decoder")
     ap.add_argument("--decoders", default="tf,dali")
+    ap.add_argument("--malloc", choices=("both", "default", "tuned"), default="both",
+                    help="glibc malloc settings to run under, each in its own process")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
+    if args.malloc == "both":
+        results = {}
+        for which in ("default", "tuned"):
+            print(f"\n## malloc: {which}" + (f" (GLIBC_TUNABLES={MALLOC_TUNABLES})"
+                                             if which == "tuned" else ""), flush=True)
+            env = dict(os.environ)
+            env.pop("GLIBC_TUNABLES", None)
+            if which == "tuned":
+                env["GLIBC_TUNABLES"] = MALLOC_TUNABLES
+            with tempfile.NamedTemporaryFile(suffix=".json") as out:
+                cmd = [sys.executable, os.path.abspath(__file__), "--malloc", which,
+                       "--json", out.name, "--num-images", str(args.num_images),
+                       "--epochs", str(args.epochs), "--decoders", args.decoders]
+                if args.data:
+                    cmd += ["--data", args.data]
+                subprocess.run(cmd, env=env, check=True)
+                results[which] = json.load(open(out.name))
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(results, f, indent=1)
+        return 0
 
     import tensorflow as tf
 
@@ -108,12 +142,14 @@ def main(argv: list[str] | None = None) -> int:
     for decoder in args.decoders.split(","):
         cached = [r["img_s"] for r in rows if r["decoder"] == decoder and r["epoch"].startswith("cached")]
         plain = next(r["img_s"] for r in rows if r["decoder"] == decoder and r["epoch"] == "no cache")
-        print(f"{decoder}: best cached epoch ÷ PNG decode-only bound {max(cached) / bound:.2f}, "
-              f"÷ the loader without the cache {max(cached) / plain:.2f}")
+        med = statistics.median(cached)
+        print(f"{decoder}: cached epochs ÷ PNG decode-only bound: best {max(cached) / bound:.2f}, "
+              f"median {med / bound:.2f}; ÷ the loader without the cache: best "
+              f"{max(cached) / plain:.2f}, median {med / plain:.2f}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"png_decode_bound": bound, "threads": threads, "images": len(files),
-                       "rows": rows}, f, indent=1)
+                       "malloc": args.malloc, "rows": rows}, f, indent=1)
     return 0
 
 

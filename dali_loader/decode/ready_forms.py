@@ -27,7 +27,7 @@ import numpy as np
 RAW_MAGIC = b"DLRW"
 RAW_HEADER = 16  # magic, then height, width, channels as little-endian uint32
 STRIP_BYTES = 64 * 1024  # TIFF strip size: one independent Deflate stream each
-TIFF_LEVEL = 6  # zlib level of the TIFF strips (docs/gpu_ready.md has the comparison)
+TIFF_LEVEL = 1  # zlib level of the TIFF strips: 1.13x the PNG, fills ~40% faster than 6 (docs/gpu_ready.md)
 
 
 class ReadyForm(enum.Enum):
