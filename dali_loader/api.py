@@ -105,19 +105,29 @@ def open_dataset(
     decoder: str | None = None,
     max_in_flight: int = 64,
     cache_dir: str | None = None,
+    cache_max_bytes: int | None = None,
+    gpu_ready: bool = False,
 ):
     """The dataset `image_dataset_from_directory` builds, for the tools to time.
 
     RGB, bilinear, integer labels, no split. `device=None` is the GPU when TF
     and DALI see one; the CPU decodes with TF's kernels unless `decoder="dali"`.
+    `gpu_ready=True` reads through the GPU-ready cache in `cache_dir` (bounded
+    by `cache_max_bytes`): each file is decoded on the CPU once, when its entry
+    is filled; `ds._dali_loader.epoch_stats` counts the CPU decodes per epoch.
     """
     from dali_loader.lazy import import_tf
     from dali_loader.tfdata.dataset import make_loader, to_tf_dataset
 
     device = resolve_device(device, import_tf())
     src, index = open_index(source, shuffle=shuffle, seed=seed, cache_dir=cache_dir,
-                            max_in_flight=max_in_flight)
+                            cache_max_bytes=cache_max_bytes, max_in_flight=max_in_flight)
     spec = ImageSpec(int(image_size[0]), int(image_size[1]))
-    loader = make_loader(src, index, spec, batch_size=batch_size, shuffle=shuffle, seed=seed,
-                         device=device, decoder=decoder, max_in_flight=max_in_flight)
+    try:
+        loader = make_loader(src, index, spec, batch_size=batch_size, shuffle=shuffle,
+                             seed=seed, device=device, decoder=decoder,
+                             max_in_flight=max_in_flight, gpu_ready=bool(gpu_ready))
+    except BaseException:
+        src.close()
+        raise
     return to_tf_dataset(loader, spec, batch_size, "int", len(index.class_names or []))

@@ -96,13 +96,47 @@ def test_bench_writes_three_files(tiny_tree, tmp_path, capsys):
     by = {s["pipeline"]: s for s in res["summary"]}
     assert by["seed"]["images"] == 24 - int(24 * 0.2)  # the seed trains on its 80% split
     assert by["tuned"]["images"] == 24
+    # seed and tuned decode every image on the CPU, every epoch.
+    assert by["seed"]["cpu_decodes_per_epoch"] == 24 - int(24 * 0.2)
+    assert by["tuned"]["cpu_decodes_per_epoch"] == 24
+    if _loader_importable():
+        # The plain loader decodes every file each epoch; the cached row (filled by an
+        # untimed epoch first) decodes none in its timed epochs.
+        assert "loader-cpu-cached" in names, res["skipped"]
+        assert names.index("loader-cpu-cached") == names.index("loader-cpu") + 1
+        plain, cached = by["loader-cpu"], by["loader-cpu-cached"]
+        assert plain["cpu_decodes_per_epoch"] == 24
+        assert "cache_bytes_vs_source" not in plain and "fill_img_s" not in plain
+        assert cached["images"] == 24 and cached["cpu_decodes_per_epoch"] == 0
+        assert cached["fill_cpu_decodes"] == 24 and cached["fill_img_s"] > 0
+        # Raw pixels (the CPU path's form) of 40x60 RGB noise: the PNG barely compresses it.
+        assert cached["cache_bytes_per_image"] >= 40 * 60 * 3
+        assert cached["source_bytes"] == sum(
+            os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(tiny_tree) for f in fs)
+        assert cached["cache_bytes_vs_source"] == pytest.approx(
+            cached["cache_bytes"] / cached["source_bytes"])
+        assert 0.5 < cached["cache_bytes_vs_source"] < 2.0
+        # No fill epoch among the timed runs: two rounds for every row.
+        assert [r["round"] for r in res["runs"] if r["pipeline"] == "loader-cpu-cached"] == [0, 1]
+        assert all(r["cpu_decodes"] == 0 for r in res["runs"]
+                   if r["pipeline"] == "loader-cpu-cached")
     assert res["command"].startswith("dali-loader bench")
 
     md = (out / "results.md").read_text()
     assert sum(l.startswith("| ") for l in md.splitlines()) == 1 + len(names)
-    assert "input wait" in md
+    assert "input wait" in md and "CPU decodes/epoch" in md and "cache / source bytes" in md
     for n in names:
         assert f"| {n} |" in md
+    cells = [[c.strip() for c in l.strip().strip("|").split("|")] for l in md.splitlines()
+             if l.startswith("| ") and not l.startswith("| pipeline")]
+    rows = {c[0]: c for c in cells}
+    assert rows["tuned"][9:] == ["24", "", ""]
+    if _loader_importable():
+        assert rows["loader-cpu"][9:] == ["24", "", ""]
+        c = by["loader-cpu-cached"]
+        assert rows["loader-cpu-cached"][9:] == [
+            "0", f"{c['cache_bytes_per_image'] / 1024:.1f}", f"{c['cache_bytes_vs_source']:.2f}x"]
+        assert f"filled first in an untimed epoch at {c['fill_img_s']:.1f} img/s" in md
 
     with Image.open(out / "throughput.png") as im:
         assert im.format == "PNG" and im.size[0] >= 800 and im.size[1] >= 300

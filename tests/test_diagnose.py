@@ -59,6 +59,48 @@ def test_verdict_decode():
     assert "JPEG, not PNG" in text  # never claims GPU PNG decode
 
 
+def test_verdict_decode_quotes_the_cached_epoch():
+    fast = {1: 3000.0, 2: 5000.0, 8: 8000.0, 64: 9000.0}
+    m = _m(source="/data", fetch_rates=fast, latency_p50_s=0.0003, cached_all_cores=1234.0,
+           cached_object_bytes=450e3)
+    v = verdict(m)
+    assert v["bottleneck"] == "decode" and v["cache_lifts_decode"] is True
+    cache = [a for a in v["advice"] if "GPU-ready cache" in a]
+    assert len(cache) == 1, v["advice"]
+    text = cache[0]
+    assert "gpu_ready=True" in text and "dali-loader prefetch /data --gpu-ready" in text
+    cpu = 1 / (1 / 340 + 1 / 1800)  # PNG decode + resize on all cores: 286 img/s
+    assert f"{cpu:,.0f} img/s with PNG decode" in text and "286 img/s with PNG decode" in text
+    assert "1,234 img/s for a cached epoch's decode+resize" in text
+    assert "1.5x the source's bytes" in text  # 450 KB entries for 300 KB objects
+    assert f"lifts the decode bound {1234 / cpu:.1f}x" in text
+    assert "JPEG, not PNG" in " ".join(v["advice"])  # never claims GPU PNG decode
+    # The consumer at 64 img/s would bound the cached pipeline.
+    slow_step = verdict(_m(source="/data", fetch_rates=fast, cached_all_cores=1234.0,
+                           step_time=0.25, batch_size=32))
+    assert slow_step["bottleneck"] == "consumer" and slow_step["cache_lifts_decode"] is None
+    assert not any("GPU-ready cache" in a for a in slow_step["advice"])
+    # Not faster than decode+resize: the advice says it would not help.
+    slow = verdict(_m(source="/data", fetch_rates=fast, cached_all_cores=200.0))
+    assert slow["cache_lifts_decode"] is False
+    assert "200 img/s for a cached epoch" in " ".join(slow["advice"])
+    assert "would not lift the decode bound" in " ".join(slow["advice"])
+    # Not measured: no cache sentence, and the verdict is unchanged.
+    plain = verdict(_m(source="/data", fetch_rates=fast))
+    assert plain["cache_lifts_decode"] is None
+    assert not any("GPU-ready cache" in a for a in plain["advice"])
+    assert plain["bottleneck"] == v["bottleneck"] and plain["stage_rates"] == v["stage_rates"]
+    # The JSON and the report carry it.
+    d = to_json(m)
+    json.dumps(d, allow_nan=False)
+    assert d["cached_all_cores"] == 1234.0 and d["cached_object_bytes"] == 450e3
+    assert d["cache_lifts_decode"] is True
+    assert to_json(_m())["cached_all_cores"] is None
+    r = format_report(m)
+    assert "cached decode+resize" in r and "1,234 img/s on 2 cores" in r and "450 KB" in r
+    assert "cached decode+resize" not in format_report(_m())
+
+
 def test_verdict_consumer():
     fast = {1: 3000.0, 2: 5000.0, 8: 8000.0, 64: 9000.0}
     v = verdict(_m(fetch_rates=fast, step_time=0.5, batch_size=32))
@@ -109,7 +151,13 @@ def test_case_slow_gcs_is_storage(tmp_path, monkeypatch):
 def test_case_big_pngs_no_step_is_decode(tmp_path):
     root = _pngs(tmp_path, 4, (1200, 1600), noise=True)
     m = run_diagnose(root, sample=4, **FAST)
-    assert verdict(m)["bottleneck"] == "decode", format_report(m)
+    v = verdict(m)
+    assert v["bottleneck"] == "decode", format_report(m)
+    # Decode-bound: a cached epoch was timed too, and the advice quotes it.
+    assert m.cached_all_cores is not None and m.cached_all_cores > 0
+    assert m.cached_object_bytes == 16 + 1200 * 1600 * 3  # raw entries: header + pixels
+    assert f"{m.cached_all_cores:,.0f} img/s for a cached epoch" in " ".join(v["advice"])
+    assert to_json(m)["cached_all_cores"] == m.cached_all_cores
 
 
 def test_case_small_pngs_slow_step_is_consumer(tmp_path):
@@ -118,6 +166,8 @@ def test_case_small_pngs_slow_step_is_consumer(tmp_path):
     v = verdict(m)
     assert v["bottleneck"] == "consumer", format_report(m)
     assert v["stage_rates"]["consumer"] == pytest.approx(64.0)
+    if v["bottleneck_with_loader"] != "decode":  # nothing for the cache to lift: not timed
+        assert m.cached_all_cores is None and v["cache_lifts_decode"] is None
 
 
 # ------------------------------------------------------------------------- the CLI

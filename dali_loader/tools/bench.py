@@ -5,12 +5,19 @@ in for the GPU: it takes wall time but no CPU). Pipelines run in alternating rou
 Per run we record images/s, step time (wall time per batch), the input-wait fraction (time spent
 waiting for the next batch over total step time: the TF profiler's measure, >5% moderately and >20%
 highly input-bound) and CPU utilisation (process CPU time over wall time x cores).
+
+Each loader row (``loader-cpu``, ``loader-gpu``) has a ``-cached`` twin reading through the GPU-ready
+cache (``gpu_ready=True``, its own cache folder). Its cache is filled by one untimed epoch before
+the rounds (reported as ``fill_img_s``), so its rounds time cached epochs. Every row reports the CPU
+decodes per epoch (the seed and tuned pipelines decode every image on the CPU; the loader rows count
+them in ``epoch_stats``), and the cached rows the cache's bytes per image and against the source's.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import tempfile
 import logging
 import os
 import resource
@@ -40,6 +47,8 @@ class RunStats:
     cpu_s: float
     cores: int
     first_wait_s: float = 0.0  # the first batch: pipeline start-up, cold caches
+    complete: bool = True  # the epoch ran to its end (not cut short by max_batches)
+    cpu_decodes: int | None = None  # images decoded on the CPU in this (complete) epoch
 
     @property
     def img_s(self) -> float:
@@ -106,6 +115,7 @@ def timed_epoch(name: str, data: Iterable, step_time: float, max_batches: int | 
     cores = os.cpu_count() or 1
     images = batches = 0
     wait = first = 0.0
+    complete = False
     c0, t0 = _cpu_time(), time.perf_counter()
     it = iter(data)
     while max_batches is None or batches < max_batches:
@@ -113,6 +123,7 @@ def timed_epoch(name: str, data: Iterable, step_time: float, max_batches: int | 
         try:
             batch = next(it)
         except StopIteration:
+            complete = True
             break
         waited = time.perf_counter() - w0
         wait += waited
@@ -126,30 +137,97 @@ def timed_epoch(name: str, data: Iterable, step_time: float, max_batches: int | 
             on_batch()
     wall = time.perf_counter() - t0
     return RunStats(name, round_index, images, batches, wall, wait, _cpu_time() - c0, cores,
-                    first)
+                    first, complete)
 
 
-def summarize(runs: Sequence[RunStats]) -> list[dict[str, Any]]:
-    """Per pipeline: median over rounds, plus the first round (cold caches) separately."""
+def summarize(runs: Sequence[RunStats], extras: dict[str, dict[str, Any]] | None = None
+              ) -> list[dict[str, Any]]:
+    """Per pipeline: median over rounds, plus the first round (cold caches) separately.
+
+    ``cpu_decodes_per_epoch`` is the most CPU decodes any complete round counted (None when no
+    round counted them: cut short by ``max_batches``, or not known). ``extras`` adds fields per
+    pipeline (the cached rows' ``fill_img_s`` and cache bytes).
+    """
     out = []
     for name in dict.fromkeys(r.pipeline for r in runs):
         rs = sorted((r for r in runs if r.pipeline == name), key=lambda r: r.round)
         med = lambda f: statistics.median(f(r) for r in rs)  # noqa: E731
         wait = med(lambda r: r.input_wait_pct)
-        out.append({"pipeline": name, "rounds": len(rs), "images": rs[0].images,
-                    "img_s": med(lambda r: r.img_s), "first_round_img_s": rs[0].img_s,
-                    "step_ms": med(lambda r: r.step_ms), "input_wait_pct": wait,
-                    "steady_wait_pct": med(lambda r: r.steady_wait_pct),
-                    "first_batch_s": med(lambda r: r.first_wait_s),
-                    "cpu_util_pct": med(lambda r: r.cpu_util_pct),
-                    "input_bound": input_bound_class(wait)})
+        decodes = [r.cpu_decodes for r in rs if r.complete and r.cpu_decodes is not None]
+        row = {"pipeline": name, "rounds": len(rs), "images": rs[0].images,
+               "img_s": med(lambda r: r.img_s), "first_round_img_s": rs[0].img_s,
+               "step_ms": med(lambda r: r.step_ms), "input_wait_pct": wait,
+               "steady_wait_pct": med(lambda r: r.steady_wait_pct),
+               "first_batch_s": med(lambda r: r.first_wait_s),
+               "cpu_util_pct": med(lambda r: r.cpu_util_pct),
+               "input_bound": input_bound_class(wait),
+               "cpu_decodes_per_epoch": max(decodes) if decodes else None}
+        row.update((extras or {}).get(name, {}))
+        out.append(row)
     return out
 
 
+def _feed(loader: Any) -> Any:
+    """The `Feed` of a loader (`DaliBatches` or a `Feed` itself)."""
+    return getattr(loader, "feed", loader)
+
+
+def _epoch_count(loader: Any) -> int:
+    """Epochs the loader has finished (recorded in ``epoch_stats``)."""
+    return len(loader.epoch_stats)
+
+
+def _new_cpu_decodes(loader: Any, before: int, wait_s: float = 2.0) -> int | None:
+    """CPU decodes of the epoch that finished after ``before`` epochs were recorded.
+
+    The epoch's tally is recorded when its last item is released, which may trail the last batch
+    by a moment: polls up to ``wait_s``. None when no new epoch was recorded.
+    """
+    deadline = time.monotonic() + wait_s
+    while True:
+        stats = loader.epoch_stats
+        if len(stats) > before:
+            return int(stats[-1].get("cpu_decodes", 0))
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.01)
+
+
+def cache_bytes(root: str) -> int:
+    """Bytes of the cache's entries: every file under ``<root>/v1/objects``."""
+    total = 0
+    for d, _, files in os.walk(os.path.join(root, "v1", "objects")):
+        for f in files:
+            try:
+                total += os.path.getsize(os.path.join(d, f))
+            except OSError:  # evicted meanwhile
+                pass
+    return total
+
+
+def _cache_sizes(loader: Any) -> dict[str, Any]:
+    """A cached loader's cache bytes: per image, and against the source files' bytes (local
+    sizes, or gs:// listing sizes)."""
+    feed = _feed(loader)
+    paths = feed.index.paths
+    source = feed.source
+    entries = cache_bytes(source.cache.root)
+    src_bytes = sum(source.size(p) for p in paths)
+    return {"cache_bytes": entries, "source_bytes": src_bytes,
+            "cache_bytes_per_image": entries / len(paths) if paths else None,
+            "source_bytes_per_image": src_bytes / len(paths) if paths else None,
+            "cache_bytes_vs_source": entries / src_bytes if src_bytes else None}
+
+
 def _pipelines(source: str, batch_size: int, image_size: Sequence[int],
-               cache_dir: str | None, include: Sequence[str] | None
+               cache_dir: str | None, include: Sequence[str] | None,
+               ready_dir: Callable[[str], str] | None = None
                ) -> tuple[dict[str, Any], dict[str, str], list[Any]]:
-    """Builds the pipelines; returns (name -> iterable, name -> skip reason, closers)."""
+    """Builds the pipelines; returns (name -> iterable, name -> skip reason, closers).
+
+    ``ready_dir(dev)`` is the cache folder of the ``loader-{dev}-cached`` row (default: a
+    subfolder of ``cache_dir``, which must then be given).
+    """
     from dali_loader.tools.baselines import seed_pipeline, tuned_pipeline
 
     pipes: dict[str, Any] = {}
@@ -161,28 +239,37 @@ def _pipelines(source: str, batch_size: int, image_size: Sequence[int],
     if want("tuned"):
         pipes["tuned"] = tuned_pipeline(source, batch_size=batch_size, image_size=image_size,
                                         seed=0)
+    if ready_dir is None and cache_dir is not None:
+        ready_dir = lambda dev: os.path.join(cache_dir, f"{dev}-cached")  # noqa: E731
     devices = ["cpu"] + (["gpu"] if dali_gpu_count() > 0 else [])
     for dev in devices:
-        name = f"loader-{dev}"
-        if not want(name) and not want("loader"):
-            continue
-        try:
-            from dali_loader.api import open_dataset
+        for name, ready in ((f"loader-{dev}", False), (f"loader-{dev}-cached", True)):
+            if not want(name) and not want("loader"):
+                continue
+            if ready and ready_dir is None:
+                skipped[name] = "no cache folder given"
+                continue
+            try:
+                from dali_loader.api import open_dataset
 
-            # What image_dataset_from_directory builds: TF kernels decode on
-            # the CPU, DALI on the GPU; the loader does the I/O either way.
-            loader = open_dataset(source, batch_size=batch_size, image_size=tuple(image_size),
-                                  shuffle=True, seed=0, device=dev,
-                                  cache_dir=None if cache_dir is None else
-                                  os.path.join(cache_dir, dev))
-        except Exception as exc:  # a missing loader or device must not kill the other rows
-            skipped[name] = f"{type(exc).__name__}: {exc}"
-            logger.warning("Skipping %s: %s", name, skipped[name])
-            continue
-        pipes[name] = loader
-        closers.append(loader._dali_loader)
+                # What image_dataset_from_directory builds: TF kernels decode on
+                # the CPU, DALI on the GPU; the loader does the I/O either way.
+                # Cached: through the GPU-ready cache, in its own folder.
+                where = (ready_dir(dev) if ready else
+                         None if cache_dir is None else os.path.join(cache_dir, dev))
+                loader = open_dataset(source, batch_size=batch_size,
+                                      image_size=tuple(image_size), shuffle=True, seed=0,
+                                      device=dev, cache_dir=where, gpu_ready=ready)
+            except Exception as exc:  # a missing loader or device must not kill the other rows
+                skipped[name] = f"{type(exc).__name__}: {exc}"
+                logger.warning("Skipping %s: %s", name, skipped[name])
+                continue
+            pipes[name] = loader
+            closers.append(loader._dali_loader)
     if "gpu" not in devices:
         skipped["loader-gpu"] = "no GPU visible"
+        if want("loader-gpu-cached") or want("loader"):
+            skipped["loader-gpu-cached"] = "no GPU visible"
     return pipes, skipped, closers
 
 
@@ -197,36 +284,79 @@ def run_bench(source: str, *, step_time: float = 0.0, batch_size: int = 128,
     """
     positive_int("rounds", rounds)
     positive_int("max_batches", max_batches, allow_none=True)
-    import tempfile
+    tmps: list[tempfile.TemporaryDirectory] = []
 
-    tmp = None
+    def temp_dir(prefix: str) -> str:
+        tmps.append(tempfile.TemporaryDirectory(prefix=prefix))
+        return tmps[-1].name
+
     if cache_dir is None and str(source).startswith("gs://"):
-        tmp = tempfile.TemporaryDirectory(prefix="dali-bench-cache-")
-        cache_dir = tmp.name
-    pipes, skipped, closers = _pipelines(source, batch_size, image_size, cache_dir, include)
+        cache_dir = temp_dir("dali-bench-cache-")
+    ready_dir = ((lambda dev: temp_dir(f"dali-bench-ready-{dev}-")) if cache_dir is None else
+                 (lambda dev: os.path.join(cache_dir, f"{dev}-cached")))
     runs: list[RunStats] = []
+    extras: dict[str, dict[str, Any]] = {}
+    closers: list[Any] = []
     try:
+        pipes, skipped, closers = _pipelines(source, batch_size, image_size, cache_dir, include,
+                                             ready_dir)
+        for name in [n for n in pipes if n.endswith("-cached")]:
+            try:
+                extras[name] = _fill(name, pipes[name], progress)
+            except Exception as exc:  # a failed fill must not kill the other rows
+                skipped[name] = f"filling its cache failed: {type(exc).__name__}: {exc}"
+                logger.warning("Skipping %s: %s", name, skipped[name])
+                loader = pipes.pop(name)._dali_loader
+                loader.close()
+                closers.remove(loader)
         for r in range(rounds):
             order = list(pipes) if r % 2 == 0 else list(pipes)[::-1]
             for name in order:
                 bar = _bar(progress, f"round {r + 1}/{rounds} {name}", max_batches or
                            _safe_len(pipes[name]))
+                loader = getattr(pipes[name], "_dali_loader", None)
+                before = _epoch_count(loader) if loader is not None else 0
                 stats = timed_epoch(name, pipes[name], step_time, max_batches, r,
                                     on_batch=bar.update if bar is not None else None)
                 if bar is not None:
                     bar.close()
-                logger.info("round %d %-11s %7.1f img/s  wait %4.1f%%  cpu %3.0f%%", r + 1,
+                if stats.complete:
+                    # seed and tuned decode every image on the CPU; the loader counts its own.
+                    stats.cpu_decodes = (stats.images if loader is None else
+                                         _new_cpu_decodes(loader, before))
+                logger.info("round %d %-17s %7.1f img/s  wait %4.1f%%  cpu %3.0f%%", r + 1,
                             name, stats.img_s, stats.input_wait_pct, stats.cpu_util_pct)
                 runs.append(stats)
+        for name in extras:
+            extras[name].update(_cache_sizes(pipes[name]._dali_loader))
     finally:
         for c in closers:
             c.close()
-        if tmp is not None:
-            tmp.cleanup()
+        for t in tmps:
+            t.cleanup()
     return {"source": str(source), "step_time": step_time, "batch_size": batch_size,
             "image_size": list(image_size), "rounds": rounds, "max_batches": max_batches,
             "cores": os.cpu_count() or 1, "gpu": dali_gpu_count() > 0,
-            "runs": [r.to_dict() for r in runs], "summary": summarize(runs), "skipped": skipped}
+            "runs": [r.to_dict() for r in runs], "summary": summarize(runs, extras),
+            "skipped": skipped}
+
+
+def _fill(name: str, dataset: Any, progress: bool) -> dict[str, Any]:
+    """One whole, untimed-by-the-rounds epoch of a cached row: fills its cache.
+
+    Returns its ``fill_img_s`` (no step) and ``fill_cpu_decodes`` (the files it decoded).
+    """
+    loader = dataset._dali_loader
+    before = _epoch_count(loader)
+    bar = _bar(progress, f"fill {name}", _safe_len(dataset))
+    stats = timed_epoch(name, dataset, 0.0, None, -1,
+                        on_batch=bar.update if bar is not None else None)
+    if bar is not None:
+        bar.close()
+    decodes = _new_cpu_decodes(loader, before)
+    logger.info("fill    %-17s %7.1f img/s  %s CPU decodes", name, stats.img_s,
+                "?" if decodes is None else decodes)
+    return {"fill_img_s": stats.img_s, "fill_cpu_decodes": decodes}
 
 
 def _safe_len(x: Any) -> int | None:
@@ -247,16 +377,26 @@ def _bar(enabled: bool, desc: str, total: int | None):
     return tqdm(total=total, desc=desc, unit="batch", leave=False, disable=None)  # off if no TTY
 
 
+def _fmt(value: Any, spec: str, suffix: str = "") -> str:
+    """``value`` formatted, or blank when missing."""
+    return "" if value is None else f"{value:{spec}}{suffix}"
+
+
 def results_markdown(res: dict[str, Any]) -> str:
     """The summary as a Markdown table."""
     lines = ["| pipeline | images/s | first round images/s | step time (ms) | input wait | "
-             "reading | wait after 1st batch | 1st batch wait (s) | CPU utilisation |",
-             "|---|---:|---:|---:|---:|---|---:|---:|---:|"]
+             "reading | wait after 1st batch | 1st batch wait (s) | CPU utilisation | "
+             "CPU decodes/epoch | cache KB/image | cache / source bytes |",
+             "|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
     for s in res["summary"]:
+        per_image = s.get("cache_bytes_per_image")
         lines.append(f"| {s['pipeline']} | {s['img_s']:.1f} | {s['first_round_img_s']:.1f} | "
                      f"{s['step_ms']:.0f} | {s['input_wait_pct']:.1f}% | {s['input_bound']} | "
                      f"{s.get('steady_wait_pct', float('nan')):.1f}% | "
-                     f"{s.get('first_batch_s', float('nan')):.2f} | {s['cpu_util_pct']:.0f}% |")
+                     f"{s.get('first_batch_s', float('nan')):.2f} | {s['cpu_util_pct']:.0f}% | "
+                     f"{_fmt(s.get('cpu_decodes_per_epoch'), '.0f')} | "
+                     f"{_fmt(None if per_image is None else per_image / 1024, '.1f')} | "
+                     f"{_fmt(s.get('cache_bytes_vs_source'), '.2f', 'x')} |")
     base = {s["pipeline"]: s["img_s"] for s in res["summary"]}
     note = (f"\n{res['cores']} cores, batch {res['batch_size']}, image size "
             f"{res['image_size'][0]}x{res['image_size'][1]}, synthetic step "
@@ -264,6 +404,27 @@ def results_markdown(res: dict[str, Any]) -> str:
     for name in base:
         if name.startswith("loader") and base.get("seed"):
             note += f" {name}/seed = {base[name] / base['seed']:.2f}x."
+    for s in res["summary"]:
+        name = s["pipeline"]
+        if not name.endswith("-cached"):
+            continue
+        plain = base.get(name[: -len("-cached")])
+        if plain:
+            note += f" {name}/{name[: -len('-cached')]} = {base[name] / plain:.2f}x."
+        if s.get("fill_img_s") is not None:
+            note += (f" {name} times cached epochs: its cache was filled first in an untimed "
+                     f"epoch at {s['fill_img_s']:.1f} img/s (no step"
+                     + ("" if s.get("fill_cpu_decodes") is None else
+                        f", {s['fill_cpu_decodes']} CPU decodes") + ").")
+        if s.get("cache_bytes_per_image") is not None and s.get("source_bytes_per_image"):
+            note += (f" Its cache holds {s['cache_bytes_per_image'] / 1024:.1f} KB per image "
+                     f"against {s['source_bytes_per_image'] / 1024:.1f} KB per source file.")
+    if any(s["pipeline"] == "loader-gpu-cached" for s in res["summary"]):
+        note += (" loader-gpu-cached reads TIFF entries that DALI's mixed decoder decodes "
+                 "(on the GPU: unverified); PNGs are never decoded on the GPU.")
+    if any("cpu_decodes_per_epoch" in s for s in res["summary"]):
+        note += (" CPU decodes/epoch: images decoded on the CPU per timed epoch (seed and tuned "
+                 "decode every image; blank: epochs cut short by --batches).")
     for name, why in res.get("skipped", {}).items():
         note += f" {name} not run: {why}."
     return "\n".join(lines) + "\n" + note + "\n"
@@ -278,8 +439,8 @@ def plot_throughput(res: dict[str, Any], path: str) -> str:
 
     summ = res["summary"]
     names = [s["pipeline"] for s in summ]
-    colors = ["#9e9e9e" if n == "seed" else "#6c8ebf" if n == "tuned" else "#76b900"
-              for n in names]
+    colors = ["#9e9e9e" if n == "seed" else "#6c8ebf" if n == "tuned" else
+              "#3d6b00" if n.endswith("-cached") else "#76b900" for n in names]
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.8))
     y = range(len(names))
     a1.barh(y, [s["img_s"] for s in summ], color=colors)

@@ -15,7 +15,8 @@ def add_parsers(subparsers) -> argparse.ArgumentParser:
     p = add_source_command(
         subparsers, "bench", handler, help="benchmark the seed pipeline, tuned tf.data and this loader",
         description="Runs, alternating in one process, the question's tf.data pipeline verbatim, "
-                    "a tuned tf.data pipeline and this loader (CPU, and GPU when present), each "
+                    "a tuned tf.data pipeline and this loader (CPU, and GPU when present; each also "
+                    "through the GPU-ready cache, filled by an untimed epoch first), each "
                     "feeding a synthetic step; writes results.json, results.md and "
                     "throughput.png.")
     p.add_argument("--out", default=os.path.join("out", "bench"), metavar="DIR",
@@ -29,9 +30,11 @@ def add_parsers(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=128, metavar="N")
     p.add_argument("--image-size", type=int, nargs=2, default=(244, 244), metavar=("H", "W"))
     p.add_argument("--cache-dir", default=None, metavar="DIR",
-                   help="loader cache for gs:// (default: a fresh temporary folder)")
+                   help="loader cache for gs://, and the -cached rows' GPU-ready caches in "
+                        "DIR/cpu-cached and DIR/gpu-cached (default: fresh temporary folders)")
     p.add_argument("--only", nargs="+", default=None, metavar="NAME",
-                   help="run only these pipelines: seed tuned loader loader-cpu loader-gpu")
+                   help="run only these pipelines: seed tuned loader (all loader rows) "
+                        "loader-cpu loader-gpu loader-cpu-cached loader-gpu-cached")
     return p
 
 

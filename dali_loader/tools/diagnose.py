@@ -9,6 +9,11 @@ bounds the pipeline. Reads are modelled at two concurrencies: ``cores`` in fligh
 Decode and resize are timed with TensorFlow's kernels in a thread pool (what the loader decodes
 with on the CPU; Pillow when TF is not installed); they stand for the CPU work any PNG decoder
 does (PNG is always decoded on the CPU, DALI's GPU decoder included).
+
+When decode bounds the pipeline, a cached epoch of the GPU-ready cache (``gpu_ready=True``) is
+timed too: the sample's raw-pixel entries (``ready_forms.encode_raw``, the TF path's form) read
+back and resized with TF's kernels (``tf_kernels.decode_ready_like_keras``), on all cores. After
+its first epoch the cache does no PNG decode; the advice compares the two rates.
 """
 
 from __future__ import annotations
@@ -60,6 +65,10 @@ class Measurements:
     loader_rate: float | None = None
     loader_device: str | None = None
     loader_error: str | None = None
+    # A cached epoch's decode+resize (GPU-ready cache, raw entries, TF's kernels) on all cores,
+    # and the mean entry size; measured when decode bounds the pipeline (None: not measured).
+    cached_all_cores: float | None = None
+    cached_object_bytes: float | None = None
 
 
 def interp_rate(fetch_rates: dict[int, float], in_flight: float) -> float:
@@ -148,6 +157,10 @@ def verdict(m: Measurements) -> dict[str, Any]:
             f"~{min(tfd['storage'], cpu):,.0f} img/s even at {m.cores} reads in flight, so the "
             "step is not waiting for input. Speed up the model (mixed precision, XLA, a larger "
             "batch) rather than the input pipeline.")
+    lifts = None
+    if m.cached_all_cores is not None and "decode" in (bottleneck, bottleneck_loader):
+        lifts = m.cached_all_cores > cpu
+        advice.append(_cache_advice(m, cpu, cons, lifts))
     if m.loader_rate is not None:
         advice.append(f"Measured this loader end to end ({m.loader_device}, no step): "
                       f"{m.loader_rate:,.0f} img/s.")
@@ -156,7 +169,28 @@ def verdict(m: Measurements) -> dict[str, Any]:
             "bottleneck_with_loader": bottleneck_loader, "stage_rates_with_loader": fin(ldr),
             "expected_tfdata_img_s": expected_tfdata,
             "expected_loader_img_s": None if math.isinf(expected_loader) else expected_loader,
-            "advice": advice}
+            "cache_lifts_decode": lifts, "advice": advice}
+
+
+def _cache_advice(m: Measurements, cpu: float, cons: float, lifts: bool) -> str:
+    """The GPU-ready cache's sentence: a cached epoch's decode+resize rate against the PNG's."""
+    cached = m.cached_all_cores
+    size = ""
+    if m.cached_object_bytes and m.mean_object_bytes:
+        size = (f"; its raw-pixel entries take {m.cached_object_bytes / m.mean_object_bytes:.1f}x "
+                f"the source's bytes on local disk")
+    text = (f"The GPU-ready cache (gpu_ready=True, or `dali-loader prefetch {m.source} "
+            f"--gpu-ready`) removes the PNG decode from every epoch after the first: measured "
+            f"here {cached:,.0f} img/s for a cached epoch's decode+resize against {cpu:,.0f} "
+            f"img/s with PNG decode, on {m.cores} cores{size}.")
+    if not lifts:
+        return text + (" It would not lift the decode bound here (a cached epoch still "
+                       "resizes every image, and that dominates): store images pre-resized "
+                       "instead.")
+    text += f" That lifts the decode bound {cached / cpu:.1f}x"
+    if cons < cached:
+        text += f"; the consumer ({_fmt_rate(cons)}) would then bound"
+    return text + "."
 
 
 # ----------------------------------------------------------------------------- measuring
@@ -228,6 +262,25 @@ def _kernels(image_size: Sequence[int]):
             return im
 
         return decode_pil, lambda im: im.resize(size[::-1], Image.BILINEAR)
+
+
+def _cached_kernel(image_size: Sequence[int]):
+    """``(encode, read)``: a cached entry of decoded pixels, and what a cached epoch does with
+    it on the TF path (raw pixels read back, resized like Keras); None without TF."""
+    try:
+        import tensorflow as tf
+    except ImportError:
+        return None
+    import numpy as np
+
+    from dali_loader.decode.ready_forms import encode_raw
+    from dali_loader.decode.spec import ImageSpec
+    from dali_loader.decode.tf_kernels import decode_ready_like_keras
+
+    spec = ImageSpec(int(image_size[0]), int(image_size[1]))
+    read = tf.function(lambda data: decode_ready_like_keras(data, spec, tf), autograph=False,
+                       input_signature=[tf.TensorSpec((), tf.string)])
+    return (lambda pixels: encode_raw(np.asarray(pixels, np.uint8))), read
 
 
 def _timed_map(fn, items: Sequence, workers: int, budget_s: float) -> float:
@@ -361,6 +414,17 @@ def run_diagnose(source: str, *, step_time: float = 0.0, batch_size: int = 32,
                      resize_per_core=resize_1, resize_all_cores=resize_n,
                      batch_size=batch_size, step_time=step_time,
                      loader_in_flight=loader_in_flight)
+    v = verdict(m)
+    if "decode" in (v["bottleneck"], v["bottleneck_with_loader"]):
+        kernel = _cached_kernel(image_size)
+        if kernel is not None:
+            encode, read = kernel
+            entries = [encode(im) for im in images]
+            read(entries[0])  # trace once, outside the timing
+            m.cached_all_cores = _timed_map(read, entries, cores, budget_s / 2)
+            m.cached_object_bytes = statistics.fmean(len(e) for e in entries)
+            logger.info("cached epoch (GPU-ready cache, raw entries): %.0f img/s on all cores",
+                        m.cached_all_cores)
     if measure_loader:
         m.loader_rate, m.loader_device, m.loader_error = _measure_loader(
             source, batch_size, image_size, loader_batches, loader_in_flight, device)
@@ -389,6 +453,11 @@ def format_report(m: Measurements) -> str:
                         f"{m.decode_all_cores:,.0f} img/s on {m.cores} cores"),
              ("resize", f"{m.resize_per_core:,.0f} img/s per core, "
                         f"{m.resize_all_cores:,.0f} img/s on {m.cores} cores"),
+             *([("cached decode+resize",
+                 f"{m.cached_all_cores:,.0f} img/s on {m.cores} cores (GPU-ready cache, raw "
+                 "entries" + (f" of {m.cached_object_bytes / 1e3:.0f} KB" if m.cached_object_bytes
+                              else "") + "; no PNG decode)")]
+               if m.cached_all_cores is not None else []),
              ("loader end to end", f"{m.loader_rate:,.0f} img/s ({m.loader_device})"
               if m.loader_rate is not None else f"not measured ({m.loader_error or 'skipped'})"),
              ("consumer", _fmt_rate(_consumer_rate(m)) + (f" ({m.step_time:g} s/batch of "
