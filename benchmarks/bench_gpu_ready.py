@@ -3,7 +3,7 @@
 One run, side by side, over the same photo-like 500x375 PNGs (local disk,
 page cache warm), `image_dataset_from_directory` at 244x244, batch 128:
 
-- the PNG decode-only bound: TF's `decode_png` of in-memory bytes on all
+- the PNG decode-only bound (measured before and after the rest; the higher): TF's `decode_png` of in-memory bytes on all
   cores, nothing else (no read, no resize): what any loader that decodes the
   PNGs can reach at most here;
 - per decoder (TF's kernels, the CPU default; DALI on the CPU), the loader
@@ -132,11 +132,9 @@ def main(argv: list[str] | None = None) -> int:
             size=(375, 500), seed=0)
         files = [os.path.join(d, f) for d, _, fs in os.walk(data) for f in fs]
         png_bytes = sum(os.path.getsize(f) for f in files)
-        bound = png_decode_bound(tf, files, threads)
+        bounds = [png_decode_bound(tf, files, threads)]
         print(f"{len(files)} images, {png_bytes / len(files) / 1024:.0f} KiB per PNG, "
-              f"{threads} cores")
-        print(f"PNG decode-only bound (tf.io.decode_png, in memory, {threads} threads): "
-              f"{bound:.0f} img/s")
+              f"{threads} cores", flush=True)
         kw = dict(batch_size=128, image_size=(244, 244), seed=1, verbose=False)
         for decoder in args.decoders.split(","):
             cache = os.path.join(tmp, f"cache-{decoder}")
@@ -159,6 +157,11 @@ def main(argv: list[str] | None = None) -> int:
                     bytes_per_png_byte=cache_bytes(cache) / png_bytes))
             ds.close()
             plain.close()
+        bounds.append(png_decode_bound(tf, files, threads))
+    # The best of a measurement before and one after: a conservative denominator.
+    bound = max(bounds)
+    print(f"PNG decode-only bound (tf.io.decode_png, in memory, {threads} threads): "
+          f"{bound:.0f} img/s (best of {', '.join(f'{b:.0f}' for b in bounds)}: before, after)")
     print("\n| decoder | epoch | img/s | ÷ PNG decode bound | CPU decodes | cache bytes ÷ PNG |")
     print("|---|---|---:|---:|---:|---:|")
     for r in rows:
@@ -174,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{max(cached) / plain:.2f}, median {med / plain:.2f}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"png_decode_bound": bound, "threads": threads, "images": len(files),
+            json.dump({"png_decode_bound": bound, "png_decode_bounds": bounds, "threads": threads, "images": len(files),
                        "malloc": args.malloc, "rows": rows}, f, indent=1)
     return 0
 
