@@ -290,3 +290,49 @@ def test_unreadable_and_corrupt_errors_name_the_file(tmp_path):
     with pytest.raises(UnreadableFileError, match="ok.png"):
         ready.bytes(str(root / "a" / "ok.png"))
     src.close()
+
+
+# -- On a GPU (skipped elsewhere) -------------------------------------------------
+from test_gpu import needs_gpu  # noqa: E402
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("color_mode", sorted(MODES))
+def test_gpu_decodes_entries_like_the_cpu(suite, tmp_path, color_mode):
+    """`mixed` on the cache's TIFFs gives exactly the CPU decode, which is Keras's."""
+    import nvidia.dali as dali
+    from nvidia.dali import fn, pipeline_def, types
+
+    from dali_loader.decode.dali_graph import decode_ready
+
+    channels = MODES[color_mode]
+    src, index = open_index(str(suite), labels=None, shuffle=False, cache_dir=str(tmp_path))
+    with src:
+        entries = [ready_cache(src, ReadyForm.TIFF, channels).bytes(p) for p in index.paths]
+
+    @pipeline_def(batch_size=len(entries), num_threads=2, device_id=0)
+    def pipe():
+        enc = fn.external_source(source=lambda: [np.frombuffer(e, np.uint8) for e in entries],
+                                 batch=True, dtype=types.UINT8)
+        return decode_ready(dali, enc, channels, gpu=True)
+
+    p = pipe()
+    p.build()
+    (out,) = p.run()
+    for path, got in zip(index.paths, out.as_cpu()):
+        np.testing.assert_array_equal(np.asarray(got), keras_pixels(path, channels),
+                                      err_msg=os.path.basename(path))
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_gpu_cached_epochs_do_no_cpu_decode(photo_tree, tmp_path):
+    kw = dict(image_size=(32, 40), shuffle=False, batch_size=8, verbose=False)
+    ref = np.concatenate([x.numpy() for x, _ in keras.utils.image_dataset_from_directory(
+        str(photo_tree), **kw)])
+    ds = ours(str(photo_tree), device="gpu", gpu_ready=True, cache_dir=str(tmp_path), **kw)
+    for _ in range(2):
+        diff = np.abs(np.concatenate([x.numpy() for x, _ in ds]) - ref)
+        assert diff.mean() < 0.05 and diff.max() <= 4.0  # GPU resize: float rounding
+    assert [s["cpu_decodes"] for s in ds._dali_loader.epoch_stats] == [21, 0]
