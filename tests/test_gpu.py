@@ -8,10 +8,6 @@ missing fancy upsampling or an EXIF rotation would break.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 
@@ -24,6 +20,7 @@ needs_gpu = pytest.mark.skipif(
     reason="needs a CUDA GPU visible to both TensorFlow and DALI",
 )
 
+from helpers import run_fit_script  # noqa: E402
 from tf_adapter import image_dataset_from_directory as ours  # noqa: E402
 
 # JPEG, GPU vs CPU: mean absolute difference (0-255) allowed per image.
@@ -139,12 +136,7 @@ h = m.fit(ds, epochs=2, verbose=0)
 assert np.isfinite(h.history["loss"]).all()
 print("fit-ok")
 """
-    env = dict(os.environ)
-    if allocator:
-        env["TF_GPU_ALLOCATOR"] = allocator
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                         text=True, timeout=300)
-    assert "fit-ok" in out.stdout, out.stderr[-3000:]
+    run_fit_script(code, allocator)
 
 
 @pytest.mark.parametrize("size", JPEG_OUTPUT_SIZES, ids=str)

@@ -41,23 +41,23 @@ def keras_pixels(path, channels):
     return tf.image.decode_image(data, channels=channels, expand_animations=False).numpy()
 
 
-def dali_decode_ready(entries, channels):
-    """DALI's CPU decoder on cache entries, through the graph the loader runs."""
+def dali_decode_ready(entries, channels, gpu: bool = False):
+    """DALI's decoder on cache entries (`mixed` with `gpu`), through the graph the loader runs."""
     import nvidia.dali as dali
     from nvidia.dali import fn, pipeline_def, types
 
     from dali_loader.decode.dali_graph import decode_ready
 
-    @pipeline_def(batch_size=len(entries), num_threads=2, device_id=None)
+    @pipeline_def(batch_size=len(entries), num_threads=2, device_id=0 if gpu else None)
     def pipe():
         enc = fn.external_source(source=lambda: [np.frombuffer(e, np.uint8) for e in entries],
                                  batch=True, dtype=types.UINT8)
-        return decode_ready(dali, enc, channels, gpu=False)
+        return decode_ready(dali, enc, channels, gpu=gpu)
 
     p = pipe()
     p.build()
     (out,) = p.run()
-    return [np.asarray(t) for t in out]
+    return [np.asarray(t) for t in (out.as_cpu() if gpu else out)]
 
 
 def ids(ds):
@@ -301,27 +301,12 @@ from test_gpu import needs_gpu  # noqa: E402
 @pytest.mark.parametrize("color_mode", sorted(MODES))
 def test_gpu_decodes_entries_like_the_cpu(suite, tmp_path, color_mode):
     """`mixed` on the cache's TIFFs gives exactly the CPU decode, which is Keras's."""
-    import nvidia.dali as dali
-    from nvidia.dali import fn, pipeline_def, types
-
-    from dali_loader.decode.dali_graph import decode_ready
-
     channels = MODES[color_mode]
     src, index = open_index(str(suite), labels=None, shuffle=False, cache_dir=str(tmp_path))
     with src:
         entries = [ready_cache(src, ReadyForm.TIFF, channels).bytes(p) for p in index.paths]
-
-    @pipeline_def(batch_size=len(entries), num_threads=2, device_id=0)
-    def pipe():
-        enc = fn.external_source(source=lambda: [np.frombuffer(e, np.uint8) for e in entries],
-                                 batch=True, dtype=types.UINT8)
-        return decode_ready(dali, enc, channels, gpu=True)
-
-    p = pipe()
-    p.build()
-    (out,) = p.run()
-    for path, got in zip(index.paths, out.as_cpu()):
-        np.testing.assert_array_equal(np.asarray(got), keras_pixels(path, channels),
+    for path, got in zip(index.paths, dali_decode_ready(entries, channels, gpu=True)):
+        np.testing.assert_array_equal(got, keras_pixels(path, channels),
                                       err_msg=os.path.basename(path))
 
 

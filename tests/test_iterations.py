@@ -15,6 +15,7 @@ import pytest
 tf = pytest.importorskip("tensorflow")
 
 from dali_loader.testing.fakegcs import Faults  # noqa: E402
+from helpers import batch_counter  # noqa: E402
 from tf_adapter import image_dataset_from_directory as ours  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
@@ -68,20 +69,10 @@ def test_next_iter_then_full_epochs_and_fit(id_tree, decoder, on_error):
         assert sorted(i for x, _ in ds for i in ids(x)) == list(range(23))
     counts = []
 
-    class Count(keras.callbacks.Callback):
-        def on_epoch_begin(self, epoch, logs=None):
-            self.n = 0
-
-        def on_train_batch_end(self, batch, logs=None):
-            self.n += 1
-
-        def on_epoch_end(self, epoch, logs=None):
-            counts.append(self.n)
-
     model = keras.Sequential([keras.Input((8, 8, 3)), keras.layers.Flatten(),
                               keras.layers.Dense(2)])
     model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    model.fit(ds, epochs=2, verbose=0, callbacks=[Count()])
+    model.fit(ds, epochs=2, verbose=0, callbacks=[batch_counter(counts)])
     assert counts == [6, 6]
     assert sorted(i for x, _ in ds for i in ids(x)) == list(range(23))
     assert ds._dali_loader.skipped == {}

@@ -16,7 +16,8 @@ tf = pytest.importorskip("tensorflow")
 keras = pytest.importorskip("keras")
 pytest.importorskip("nvidia.dali.plugin.tf")
 
-from test_bad_input import _bad_zlib_png, bad_tree  # noqa: E402,F401
+from test_bad_input import _good_and_one_zlib_bad, bad_tree  # noqa: E402,F401
+from helpers import batch_counter, run_fit_script  # noqa: E402
 from tf_adapter import image_dataset_from_directory as ours  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
@@ -98,23 +99,14 @@ def test_fit_with_validation_subset_both_several_epochs(id_tree):
     assert int(train.cardinality()) == -(-n_train // 4)
     counts, seen = [], []
 
-    class Count(keras.callbacks.Callback):
-        def on_epoch_begin(self, epoch, logs=None):
-            self.n = 0
-
-        def on_train_batch_end(self, batch, logs=None):
-            self.n += 1
-
-        def on_epoch_end(self, epoch, logs=None):
-            counts.append(self.n)
-
     model = keras.Sequential([keras.Input((8, 8, 3)), keras.layers.Flatten(),
                               keras.layers.Dense(2)])
     model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                   metrics=["accuracy"])
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        hist = model.fit(train, validation_data=val, epochs=3, verbose=0, callbacks=[Count()])
+        hist = model.fit(train, validation_data=val, epochs=3, verbose=0,
+                         callbacks=[batch_counter(counts)])
     assert not [w for w in caught if "ran out of data" in str(w.message)]
     assert counts == [-(-n_train // 4)] * 3
     assert len(hist.history["val_loss"]) == 3 and np.isfinite(hist.history["val_loss"]).all()
@@ -126,17 +118,6 @@ def test_fit_with_validation_subset_both_several_epochs(id_tree):
     assert set(labels) <= {0, 1}
     xs = np.concatenate([ids(x) for x, _ in val])
     np.testing.assert_array_equal(labels, xs % 2)  # "even" is class 0, "odd" class 1
-
-
-def _zlib_tree(bad_tree, tmp_path, n_good: int, bad_name: str):
-    """`n_good` good id PNGs and one whose zlib stream is garbage (passes the checks)."""
-    root, _ = bad_tree
-    only = tmp_path / "one"
-    (only / "c").mkdir(parents=True)
-    for i in range(n_good):
-        shutil.copy(root / "even" / f"{2 * i:03d}.png", only / "c" / f"{i}.png")
-    shutil.copy(root / "odd" / "zlib.png", only / "c" / bad_name)
-    return only
 
 
 def test_raise_names_a_file_the_checks_catch(bad_tree, id_tree):
@@ -170,7 +151,7 @@ def test_skip_keeps_every_good_file_once_and_reports_every_bad_one(bad_tree, cap
 
 
 def test_decode_failure_past_the_checks_names_the_file(bad_tree, tmp_path):
-    only = _zlib_tree(bad_tree, tmp_path, 6, "3b.png")
+    only = _good_and_one_zlib_bad(bad_tree, tmp_path, 6, "3b.png")
     ds = make(only, shuffle=False, batch_size=3)
     for _ in range(2):  # and again: nothing hangs, nothing is left behind
         with pytest.raises(tf.errors.InternalError, match="3b.png"):
@@ -236,10 +217,6 @@ def test_gpu_batches_and_labels_are_on_the_gpu_and_match_the_cpu(photo_tree):
 @needs_gpu
 @pytest.mark.parametrize("allocator", ["", "cuda_malloc_async"])
 def test_gpu_fit_through_the_plugin(photo_tree, allocator):
-    import os
-    import subprocess
-    import sys
-
     code = f"""
 import warnings, numpy as np, keras
 from tf_adapter import image_dataset_from_directory
@@ -256,9 +233,4 @@ assert not [x for x in w if "ran out of data" in str(x.message)]
 assert np.isfinite(h.history["loss"]).all() and len(h.history["val_loss"]) == 3
 print("fit-ok")
 """
-    env = dict(os.environ)
-    if allocator:
-        env["TF_GPU_ALLOCATOR"] = allocator
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                         text=True, timeout=300)
-    assert "fit-ok" in out.stdout, out.stderr[-3000:]
+    run_fit_script(code, allocator)

@@ -218,7 +218,19 @@ def build_pipeline(
         )
         return image_graph(dali, enc, spec, gpu, input)
 
-    pipe = dali.pipeline_def(
+    pipe = make_pipeline(graph, spec, batch_size, gpu=gpu, device_id=device_id,
+                         num_threads=num_threads, prefetch_queue_depth=prefetch_queue_depth,
+                         input=input, seed=seed)
+    pipe.build()
+    return pipe
+
+
+def make_pipeline(graph, spec: ImageSpec, batch_size: int, *, gpu: bool, device_id: int | None,
+                  num_threads: int | None, prefetch_queue_depth: int, input: Input,
+                  seed: int = 0):
+    """The (unbuilt) DALI pipeline of `graph()`, with the loader's settings."""
+    dali = import_dali()
+    return dali.pipeline_def(
         graph,
         enable_conditionals=spec.channels == 4 and input is Input.FILES,
         batch_size=batch_size,
@@ -230,8 +242,6 @@ def build_pipeline(
         # of a batch stays valid after the next run(), so no copy is needed.
         exec_dynamic=True,
     )()
-    pipe.build()
-    return pipe
 
 
 def probe_decode(data, spec: ImageSpec, input: Input = Input.FILES) -> str | None:

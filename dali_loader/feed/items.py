@@ -16,6 +16,8 @@ cache file). Items that hold nothing are not tracked after they are handed out.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 from dali_loader.errors import UnreadableFileError
@@ -30,16 +32,23 @@ class Pinned(NamedTuple):
     offset: int
 
 
-def read_bytes(source, path: str) -> bytes:
-    """`source.read(path)`, with read failures as `UnreadableFileError`."""
+@contextlib.contextmanager
+def read_errors(path: str) -> Iterator[None]:
+    """Turns a failed read of `path` (gone, fetch failed, I/O error) into `UnreadableFileError`."""
     try:
-        return source.read(path)
+        yield
     except FileNotFoundError:
         raise UnreadableFileError(path, "the file disappeared since indexing") from None
     except ObjectFetchError as e:
         raise UnreadableFileError(path, e.reason) from None
     except OSError as e:
         raise UnreadableFileError(path, f"read failed ({e})") from None
+
+
+def read_bytes(source, path: str) -> bytes:
+    """`source.read(path)`, with read failures as `UnreadableFileError`."""
+    with read_errors(path):
+        return source.read(path)
 
 
 class RawBytes:

@@ -28,10 +28,8 @@ from typing import Any
 import numpy as np
 
 from dali_loader.decode.ready_forms import ReadyForm, encode
-from dali_loader.errors import UnreadableFileError
-from dali_loader.feed.items import Pinned
+from dali_loader.feed.items import Pinned, read_errors
 from dali_loader.storage.cache import DerivedMeta
-from dali_loader.storage.objects import ObjectFetchError
 
 logger = logging.getLogger(__name__)
 
@@ -66,12 +64,8 @@ class ReadyCache:
 
     def meta(self, path: str) -> DerivedMeta:
         """The cache key of `path`'s current content."""
-        try:
+        with read_errors(path):
             return DerivedMeta(path, self.source.version(path))
-        except FileNotFoundError:
-            raise UnreadableFileError(path, "the file disappeared since indexing") from None
-        except OSError as e:
-            raise UnreadableFileError(path, f"stat failed ({e})") from None
 
     def _count(self, what: str, tally) -> None:
         with self._lock:
@@ -101,14 +95,8 @@ class ReadyCache:
 
     def fill(self, path: str, tally=None) -> bytes:
         """Reads and decodes `path` on the CPU, stores its entry, returns it."""
-        try:
+        with read_errors(path):
             data, version = self.source.read_versioned(path)
-        except FileNotFoundError:
-            raise UnreadableFileError(path, "the file disappeared since indexing") from None
-        except ObjectFetchError as e:
-            raise UnreadableFileError(path, e.reason) from None
-        except OSError as e:
-            raise UnreadableFileError(path, f"read failed ({e})") from None
         entry = encode(self.decode(data, path), self.form)
         self._count("fills", tally)
         if version is None:

@@ -46,7 +46,13 @@ import time
 import numpy as np
 
 from dali_loader.decode.dali_batches import DaliBatches
-from dali_loader.decode.dali_graph import Input, default_num_threads, image_graph, probe_decode
+from dali_loader.decode.dali_graph import (
+    Input,
+    default_num_threads,
+    image_graph,
+    make_pipeline,
+    probe_decode,
+)
 from dali_loader.decode.spec import ImageSpec
 from dali_loader.errors import BadFileError, CorruptImageError
 from dali_loader.feed.epochs import Chunk
@@ -133,15 +139,8 @@ def build_plugin_pipeline(spec: ImageSpec, batch_size: int, *, gpu: bool, device
         rows = dali.fn.external_source(name=INPUT, dtype=dali.types.UINT8, ndim=1, batch=True)
         return plugin_graph(dali, rows, spec, gpu, label_mode, num_classes, input)
 
-    return dali.pipeline_def(
-        graph,
-        enable_conditionals=spec.channels == 4 and input is Input.FILES,
-        batch_size=batch_size,
-        num_threads=num_threads or default_num_threads(),
-        device_id=device_id if gpu else None,
-        prefetch_queue_depth=_PREFETCH,
-        exec_dynamic=True,
-    )()
+    return make_pipeline(graph, spec, batch_size, gpu=gpu, device_id=device_id,
+                         num_threads=num_threads, prefetch_queue_depth=_PREFETCH, input=input)
 
 
 class _PluginEpochs:
