@@ -30,8 +30,9 @@ from dali_loader.index import Index
 
 
 class Tally:
-    """Thread-safe event counts of one epoch (e.g. the GPU-ready cache's
-    `fills`, CPU decodes, and `hits`), filled by readers that take a `tally`."""
+    """Thread-safe event counts of one epoch: `files` handed out, and what
+    readers that take a `tally` count (the GPU-ready cache's `cache_fills` and
+    `cache_hits`, `CheckedBytes`'s `jpeg`)."""
 
     def __init__(self):
         self._counts: collections.Counter[str] = collections.Counter()

@@ -1,14 +1,17 @@
 """tf.data output: a finite, Keras-shaped `tf.data.Dataset` over a feed.
 
 Two decode paths behind one dataset:
-- DALI (`DaliBatches`, the GPU path): DALI decodes and resizes; batches cross
-  into TF through `from_generator`, one Python call per batch.
+- DALI (`DaliBatches`, the GPU path): DALI decodes and resizes; batches reach
+  TF through the DALI TF plugin on DALI's device (`dali_plugin`), or through
+  `from_generator`, one Python call per batch (`Handoff`).
 - TensorFlow's own kernels (the CPU default): on a CPU-only machine DALI's PNG
   decoder is no faster than TF's and its resize costs about twice as much
   (README, "Why TF kernels on the CPU"), so the feed does the I/O (index,
   read-ahead, gs:// cache) and TF decodes with the ops of Keras's
   `_load_image_tf`: bit-identical to Keras, for every option. Files TF's
   decoder rejects are dropped by `ignore_errors()` and named by the audit.
+With `gpu_ready`, both read GPU-ready cache entries (`feed.ready`) instead of
+the files: TIFFs for DALI, raw pixels for TF's kernels.
 Each iteration of the dataset is an independent epoch (TF calls the generator
 once per iterator). TensorFlow is imported lazily.
 """
@@ -22,9 +25,8 @@ import zlib
 import numpy as np
 
 from dali_loader.decode.dali_batches import DaliBatches
-from dali_loader.decode.dali_graph import default_num_threads
+from dali_loader.decode.dali_graph import Input, default_num_threads
 from dali_loader.decode.spec import ImageSpec
-from dali_loader.decode.dali_graph import Input
 from dali_loader.decode.ready_forms import ReadyForm, encode_raw
 from dali_loader.decode.tf_kernels import (
     decode_like_keras,
@@ -128,7 +130,8 @@ def to_tf_dataset(loader: DaliBatches | Feed, spec: ImageSpec, batch_size: int |
             interrupted epoch; see `ds.resume_at`).
         start_step: With `epoch`, the first batch.
         handoff: With `DaliBatches`, how batches reach TF (`dali_plugin.Handoff`;
-            None: the plugin on the GPU with `on_error="raise"`, else the generator).
+            None: the plugin on the GPU with `on_error="raise"` or the GPU-ready
+            cache, else the generator).
 
     `ds.seek(e)` numbers the next iteration `e`; `ds.resume_at(e, k)` is a
     dataset of epoch `e` from batch `k` on, over the same loader.
