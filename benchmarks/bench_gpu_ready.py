@@ -81,11 +81,6 @@ def time_epoch(ds) -> tuple[float, int]:
     return n / (time.perf_counter() - t), n
 
 
-def cache_bytes(root: str) -> int:
-    return sum(os.path.getsize(os.path.join(d, f))
-               for d, _, fs in os.walk(os.path.join(root, "v1", "objects")) for f in fs)
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--data", default=None, help="a folder of images (default: sample photos)")
@@ -121,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     import tensorflow as tf
 
     from dali_loader.decode.dali_graph import default_num_threads
+    from dali_loader.tools.bench import new_cpu_decodes
     from dali_loader.tools.sample import make_sample_dataset
     from tf_adapter import image_dataset_from_directory
 
@@ -137,24 +133,26 @@ def main(argv: list[str] | None = None) -> int:
               f"{threads} cores", flush=True)
         kw = dict(batch_size=128, image_size=(244, 244), seed=1, verbose=False)
         for decoder in args.decoders.split(","):
-            cache = os.path.join(tmp, f"cache-{decoder}")
+            cache_dir = os.path.join(tmp, f"cache-{decoder}")
             plain = image_dataset_from_directory(data, decoder=decoder, **kw)
             time_epoch(plain)  # warm-up: page cache, DALI pipeline build
+            before = len(plain._dali_loader.epoch_stats)
             plain_rate, _ = time_epoch(plain)
             rows.append(dict(decoder=decoder, epoch="no cache", img_s=plain_rate,
-                             cpu_decodes=plain._dali_loader.epoch_stats[-1]["cpu_decodes"]))
+                             cpu_decodes=new_cpu_decodes(plain._dali_loader, before)))
             ds = image_dataset_from_directory(data, decoder=decoder, gpu_ready=True,
-                                              cache_dir=cache, **kw)
+                                              cache_dir=cache_dir, **kw)
+            cache = ds._dali_loader.source.cache
             for e in range(1 + args.epochs):
+                before = len(ds._dali_loader.epoch_stats)
                 rate, n = time_epoch(ds)
-                stats = ds._dali_loader.epoch_stats[-1]
                 rows.append(dict(decoder=decoder, epoch="first (fills)" if e == 0 else f"cached {e}",
-                                 img_s=rate, cpu_decodes=stats["cpu_decodes"],
-                                 bytes_per_png_byte=cache_bytes(cache) / png_bytes))
+                                 img_s=rate, cpu_decodes=new_cpu_decodes(ds._dali_loader, before),
+                                 bytes_per_png_byte=cache.stats().bytes / png_bytes))
             if decoder == "tf":
                 rows.append(dict(decoder="tf.data alone", epoch="cached entries", img_s=plain_tfdata(
                     tf, ds, kw["image_size"]), cpu_decodes=0,
-                    bytes_per_png_byte=cache_bytes(cache) / png_bytes))
+                    bytes_per_png_byte=cache.stats().bytes / png_bytes))
             ds.close()
             plain.close()
         bounds.append(png_decode_bound(tf, files, threads))

@@ -177,7 +177,7 @@ def _epoch_count(loader: Any) -> int:
     return len(loader.epoch_stats)
 
 
-def _new_cpu_decodes(loader: Any, before: int, wait_s: float = 2.0) -> int | None:
+def new_cpu_decodes(loader: Any, before: int, wait_s: float = 2.0) -> int | None:
     """CPU decodes of the epoch that finished after ``before`` epochs were recorded.
 
     The epoch's tally is recorded when its last item is released, which may trail the last batch
@@ -193,25 +193,13 @@ def _new_cpu_decodes(loader: Any, before: int, wait_s: float = 2.0) -> int | Non
         time.sleep(0.01)
 
 
-def cache_bytes(root: str) -> int:
-    """Bytes of the cache's entries: every file under ``<root>/v1/objects``."""
-    total = 0
-    for d, _, files in os.walk(os.path.join(root, "v1", "objects")):
-        for f in files:
-            try:
-                total += os.path.getsize(os.path.join(d, f))
-            except OSError:  # evicted meanwhile
-                pass
-    return total
-
-
 def _cache_sizes(loader: Any) -> dict[str, Any]:
     """A cached loader's cache bytes: per image, and against the source files' bytes (local
     sizes, or gs:// listing sizes)."""
     feed = _feed(loader)
     paths = feed.index.paths
     source = feed.source
-    entries = cache_bytes(source.cache.root)
+    entries = source.cache.stats().bytes  # the entries under v1/objects
     src_bytes = sum(source.size(p) for p in paths)
     return {"cache_bytes": entries, "source_bytes": src_bytes,
             "cache_bytes_per_image": entries / len(paths) if paths else None,
@@ -323,7 +311,7 @@ def run_bench(source: str, *, step_time: float = 0.0, batch_size: int = 128,
                 if stats.complete:
                     # seed and tuned decode every image on the CPU; the loader counts its own.
                     stats.cpu_decodes = (stats.images if loader is None else
-                                         _new_cpu_decodes(loader, before))
+                                         new_cpu_decodes(loader, before))
                 logger.info("round %d %-17s %7.1f img/s  wait %4.1f%%  cpu %3.0f%%", r + 1,
                             name, stats.img_s, stats.input_wait_pct, stats.cpu_util_pct)
                 runs.append(stats)
@@ -353,7 +341,7 @@ def _fill(name: str, dataset: Any, progress: bool) -> dict[str, Any]:
                         on_batch=bar.update if bar is not None else None)
     if bar is not None:
         bar.close()
-    decodes = _new_cpu_decodes(loader, before)
+    decodes = new_cpu_decodes(loader, before)
     logger.info("fill    %-17s %7.1f img/s  %s CPU decodes", name, stats.img_s,
                 "?" if decodes is None else decodes)
     return {"fill_img_s": stats.img_s, "fill_cpu_decodes": decodes}
