@@ -7,6 +7,7 @@ import numpy as np
 from dali_loader.args import positive_int
 from dali_loader.decode.dali_batches import DaliBatches
 from dali_loader.decode.devices import resolve_device
+from dali_loader.decode.ready_forms import resolve_gpu_ready
 from dali_loader.decode.spec import ImageSpec, channels_for
 from dali_loader.feed.epochs import Feed
 from dali_loader.feed.items import CheckedBytes
@@ -106,7 +107,7 @@ def open_dataset(
     max_in_flight: int = 64,
     cache_dir: str | None = None,
     cache_max_bytes: int | None = None,
-    gpu_ready: bool = False,
+    gpu_ready: bool | str | None = None,
 ):
     """The dataset `image_dataset_from_directory` builds, for the tools to time.
 
@@ -126,7 +127,8 @@ def open_dataset(
     try:
         loader = make_loader(src, index, spec, batch_size=batch_size, shuffle=shuffle,
                              seed=seed, device=device, decoder=decoder,
-                             max_in_flight=max_in_flight, gpu_ready=bool(gpu_ready))
+                             max_in_flight=max_in_flight,
+                             gpu_ready=resolve_gpu_ready(gpu_ready))
     except BaseException:
         src.close()
         raise

@@ -90,17 +90,19 @@ def test_entries_hold_keras_pixels_exactly(suite, tmp_path, form, color_mode):
 
 
 @pytest.mark.parametrize("color_mode", sorted(MODES))
-@pytest.mark.parametrize("decoder", ["tf", "dali"])
-def test_dataset_matches_keras_and_decodes_each_file_once(suite, tmp_path, decoder, color_mode):
+@pytest.mark.parametrize("decoder,gpu_ready", [("tf", True), ("dali", True), ("dali", "tiff")])
+def test_dataset_matches_keras_and_decodes_each_file_once(suite, tmp_path, decoder, gpu_ready,
+                                                          color_mode):
     """Through image_dataset_from_directory, first and cached epoch: TF's
-    kernels exactly; DALI up to float rounding in the resize, for every file,
-    including the grey-from-gAMA and 16-bit files the uncached DALI path misses
-    by up to 38.5 levels. CPU decodes: every file in epoch 0, none after."""
+    kernels exactly; DALI (raw entries reshaped, or TIFFs decoded) up to float
+    rounding in the resize, for every file, including the grey-from-gAMA and
+    16-bit files the uncached DALI path misses by up to 38.5 levels. CPU
+    decodes: every file in epoch 0, none after."""
     kw = dict(image_size=(20, 45), shuffle=False, batch_size=32, labels=None,
               color_mode=color_mode, verbose=False)
     ref = np.concatenate([x.numpy() for x in keras.utils.image_dataset_from_directory(
         str(suite), **kw)]).astype(np.float64)
-    ds = ours(str(suite), decoder=decoder, gpu_ready=True, cache_dir=str(tmp_path), **kw)
+    ds = ours(str(suite), decoder=decoder, gpu_ready=gpu_ready, cache_dir=str(tmp_path), **kw)
     for _ in range(2):
         got = np.concatenate([x.numpy() for x in ds])
         diff = np.abs(got - ref)
@@ -130,11 +132,10 @@ def test_tf_path_exact_for_every_resize_option(photo_tree, tmp_path, kw):
             np.testing.assert_array_equal(gy, ry)
 
 
-@pytest.mark.parametrize("decoder", ["tf", "dali"])
-def test_cache_is_shared_by_later_datasets_and_processes(photo_tree, tmp_path, decoder):
+@pytest.mark.parametrize("decoder,form", [("tf", "raw"), ("dali", "raw"), ("dali", "tiff")])
+def test_cache_is_shared_by_later_datasets_and_processes(photo_tree, tmp_path, decoder, form):
     """`dali-loader prefetch --gpu-ready` in another process fills the cache:
     the dataset's first epoch then decodes nothing on the CPU."""
-    form = "gpu" if decoder == "dali" else "cpu"
     out = subprocess.run(
         [sys.executable, "-m", "dali_loader.tools.cli", "prefetch", str(photo_tree), "--gpu-ready",
          "--form", form, "--cache-dir", str(tmp_path), "--no-progress"],
@@ -142,8 +143,8 @@ def test_cache_is_shared_by_later_datasets_and_processes(photo_tree, tmp_path, d
     assert out.returncode == 0, out.stderr
     assert "21 images (rgb, %s form): 21 decoded and cached, 0 already cached, 0 failed" % form \
         in out.stdout
-    ds = ours(str(photo_tree), decoder=decoder, gpu_ready=True, cache_dir=str(tmp_path),
-              image_size=(16, 16), shuffle=False, verbose=False)
+    ds = ours(str(photo_tree), decoder=decoder, gpu_ready="tiff" if form == "tiff" else True,
+              cache_dir=str(tmp_path), image_size=(16, 16), shuffle=False, verbose=False)
     assert sum(len(x) for x, _ in ds) == 21
     (stats,) = ds._dali_loader.epoch_stats
     assert (stats["cpu_decodes"], stats["cache_hits"]) == (0, 21)
@@ -264,12 +265,17 @@ def test_forms_round_trip_and_reject_bad_input():
         ours("/nonexistent", gpu_ready="yes")
 
 
-def test_gpu_ready_none_is_off_until_gpu_decode_is_verified(photo_tree, tmp_path):
-    from dali_loader.decode.ready_forms import GPU_DECODE_VERIFIED, resolve_gpu_ready
+def test_gpu_ready_values_and_default_off(photo_tree, tmp_path):
+    from dali_loader.decode.ready_forms import resolve_gpu_ready
 
-    assert resolve_gpu_ready(None, "cpu") is False
-    assert resolve_gpu_ready(None, "gpu") is GPU_DECODE_VERIFIED
-    assert resolve_gpu_ready(True, "cpu") is True
+    assert resolve_gpu_ready(None) is None and resolve_gpu_ready(False) is None
+    assert resolve_gpu_ready(True) is ReadyForm.RAW and resolve_gpu_ready("raw") is ReadyForm.RAW
+    assert resolve_gpu_ready("tiff") is ReadyForm.TIFF
+    for bad in (1, "yes", 0):
+        with pytest.raises(ValueError, match=f"Received: gpu_ready={bad!r}"):
+            resolve_gpu_ready(bad)
+    with pytest.raises(ValueError, match="gpu_ready=\"tiff\" stores TIFFs for DALI"):
+        ours(str(photo_tree), gpu_ready="tiff", decoder="tf", cache_dir=str(tmp_path))
     ds = ours(str(photo_tree), image_size=(8, 8), verbose=False, cache_dir=str(tmp_path))
     sum(1 for _ in ds)
     assert ds._dali_loader.epoch_stats[0]["cpu_decodes"] == 21  # TF decodes every PNG

@@ -17,12 +17,17 @@ import numpy as np
 from dali_loader.api import open_index
 from dali_loader.args import positive_int
 from dali_loader.decode.devices import dali_gpu_count, resolve_device
-from dali_loader.decode.ready_forms import resolve_gpu_ready
+from dali_loader.decode.ready_forms import (
+    TIFF_GPU_DECODE_VERIFIED,
+    ReadyForm,
+    check_form_for_decoder,
+    resolve_gpu_ready,
+)
 from dali_loader.decode.spec import INTERPOLATIONS, ImageSpec, channels_for
 from dali_loader.feed.policy import check_on_error
 from dali_loader.index import ALLOWLIST_FORMATS, split
 from dali_loader.lazy import import_tf
-from dali_loader.tfdata.dali_plugin import Handoff, resolve_handoff
+from dali_loader.tfdata.dali_plugin import resolve_handoff
 from dali_loader.tfdata.dataset import make_loader, to_tf_dataset
 
 logger = logging.getLogger(__name__)
@@ -202,15 +207,19 @@ def image_dataset_from_directory(
             sharding; every file is read once per epoch across all pipelines.
         gpu_ready: Read through the GPU-ready cache (in `cache_dir`, bounded
             by `cache_max_bytes`): the first read of each image decodes it
-            exactly as Keras does and stores a lossless form that the decoder
-            reads without decoding the file again (a TIFF DALI decodes, with
-            `mixed` on a GPU; raw pixels for TF's kernels on the CPU). True,
-            False, or None: on for the GPU path once a GPU run has confirmed
-            that `mixed` decodes the cached form on the GPU (not yet: off).
-        handoff: How DALI's batches reach TF: None (the DALI TF plugin on the GPU
-            with `on_error="raise"` or `gpu_ready`, else the generator), "plugin" (the DALI TF
-            plugin: batches made and consumed on DALI's device, no host copy) or
-            "generator" (copied to the host, passed through `from_generator`).
+            exactly as Keras does and stores its pixels uncompressed; later
+            epochs decode nothing (TF's kernels, or DALI on its device, only
+            reshape and resize them). None or False: off (entries take about
+            1.7x the PNG bytes on local disk). True: on. "tiff": TIFF entries
+            that DALI decodes (smaller; GPU decode unverified; DALI only).
+        handoff: How DALI's batches reach TF: None (the plugin on the GPU with
+            `on_error="raise"` or `gpu_ready`, else the generator), "plugin"
+            (the DALI TF plugin on the host: DALI decodes and resizes on its
+            device, then copies the batch to the host; every tf.data
+            transformation works), "plugin-gpu" (the DALI TF plugin on the GPU:
+            no host copy, but only consumed as returned; transformations other
+            than prefetch and with_options raise) or "generator" (copied to the
+            host, passed through `from_generator`). docs/handoff.md.
 
     Returns:
         A `tf.data.Dataset`, or a list of two for `subset="both"`, each with
@@ -226,7 +235,7 @@ def image_dataset_from_directory(
     _check_loader_args(on_error, num_threads, max_in_flight, cache_max_bytes)
     shard = _shard_of(input_context)
     device = resolve_device(device, import_tf())
-    gpu_ready = resolve_gpu_ready(gpu_ready, device)
+    gpu_ready = resolve_gpu_ready(gpu_ready)
     if decoder not in (None, "dali", "tf"):
         raise ValueError(
             f'`decoder` must be None, "dali" or "tf". Received: decoder={decoder}'
@@ -236,12 +245,20 @@ def image_dataset_from_directory(
             'decoder="tf" decodes on the CPU; it cannot be combined with '
             f'device="gpu". Received: decoder={decoder}, device={device}'
         )
+    dali = decoder == "dali" or device == "gpu"
+    check_form_for_decoder(gpu_ready, dali)
+    if gpu_ready is ReadyForm.TIFF and device == "gpu" and not TIFF_GPU_DECODE_VERIFIED:
+        logger.warning(
+            'gpu_ready="tiff": whether DALI decodes these TIFFs on the GPU is unverified; on a '
+            "fallback they are decoded on the CPU, no faster than the PNGs. gpu_ready=True "
+            "(raw entries) decodes nothing.")
     handoff = resolve_handoff(handoff, device=device, on_error=on_error, batch_size=batch_size,
-                              gpu_ready=gpu_ready)
-    if handoff is Handoff.PLUGIN and device != "gpu" and decoder != "dali":
+                              gpu_ready=gpu_ready is not None)
+    if handoff.plugin and not dali:
         raise ValueError(
-            'handoff="plugin" hands over DALI\'s batches; on the CPU it needs decoder="dali". '
-            f"Received: handoff={handoff.value!r}, device={device!r}, decoder={decoder!r}"
+            f'handoff="{handoff.value}" hands over DALI\'s batches; on the CPU it needs '
+            f'decoder="dali". Received: handoff={handoff.value!r}, device={device!r}, '
+            f"decoder={decoder!r}"
         )
     if pad_to_aspect_ratio and crop_to_aspect_ratio:
         raise ValueError(

@@ -77,7 +77,7 @@ class DaliBatches:
         num_threads: DALI CPU threads (default: cores available).
         device_id: The CUDA device, with "gpu" (one per replica under a strategy).
         input: What the feed's items are: the files (`CheckedBytes`) or
-            GPU-ready cache entries (`feed.ready.ReadyBytes`).
+            GPU-ready cache entries (`feed.ready.ReadyBytes`), raw or TIFF.
     """
 
     def __init__(self, feed: Feed, spec: ImageSpec, *, device: str = "cpu",
@@ -120,8 +120,9 @@ class DaliBatches:
         """Per finished epoch: the feed's tallies plus `cpu_decodes`, the images
         decoded on the CPU: every file on the CPU; on a GPU every file but the
         JPEGs (nvImageCodec decodes no PNG on the GPU); with the GPU-ready
-        cache, only the files it had to fill (its entries decode with `mixed`)."""
-        if self.input is Input.READY:
+        cache, only the files it had to fill (cached entries are not decoded
+        on the CPU)."""
+        if self.input is not Input.FILES:
             return self.feed.epoch_stats
         gpu = self.device == "gpu"
         return [dict(t, cpu_decodes=t.get("files", 0) - (t.get("jpeg", 0) if gpu else 0))

@@ -13,6 +13,7 @@ import enum
 import os
 from typing import Any
 
+from dali_loader.decode.ready_forms import RAW_HEADER
 from dali_loader.decode.spec import ImageSpec
 from dali_loader.lazy import import_dali
 
@@ -21,7 +22,8 @@ class Input(enum.Enum):
     """What the graph's encoded input holds."""
 
     FILES = "files"  # the dataset's files as they are (PNG, JPEG, ...)
-    READY = "ready"  # GPU-ready cache entries: TIFFs of the pixels Keras decodes
+    READY_RAW = "ready-raw"  # GPU-ready cache entries: the pixels Keras decodes, uncompressed
+    READY_TIFF = "ready-tiff"  # GPU-ready cache entries: TIFFs of the pixels Keras decodes
 
 
 _READY_TYPES = {1: "GRAY", 3: "RGB", 4: "ANY_DATA"}
@@ -134,14 +136,31 @@ def decode_ready(dali, encoded, channels: int, gpu: bool):
     return _decode(dali, encoded, gpu=gpu, output_type=output_type)
 
 
+def raw_pixels(dali, entry):
+    """HWC uint8 pixels of `ready_forms.ReadyForm.RAW` entries (1-D uint8): the
+    header's height, width and channels, the rest reshaped. Nothing is decoded."""
+    fn, t = dali.fn, dali.types
+    hwc = fn.cast(fn.reinterpret(fn.slice(entry, start=[4], shape=[12], axes=[0]),
+                                 dtype=t.UINT32), dtype=t.INT32)
+    size = hwc[0:1] * hwc[1:2] * hwc[2:3]
+    pixels = fn.slice(entry, start=[RAW_HEADER], shape=size, axes=[0])
+    return fn.reshape(pixels, shape=hwc, layout="HWC")
+
+
 def image_graph(dali, encoded, spec: ImageSpec, gpu: bool, input: Input = Input.FILES):
     """Builds decode -> colour -> crop/pad -> resize on DataNode `encoded`.
 
-    `Input.READY` entries already hold Keras's pixels in the output's colour
-    mode: they are decoded (on the GPU with `mixed`) with no colour conversion.
+    GPU-ready cache entries already hold Keras's pixels in the output's colour
+    mode: `Input.READY_RAW` entries are reshaped on the CPU and copied to the
+    GPU (nothing is decoded); `Input.READY_TIFF` entries are decoded (with
+    `mixed` on a GPU), with no colour conversion.
     """
     fn, t = dali.fn, dali.types
-    if input is Input.READY:
+    if input is Input.READY_RAW:
+        img = raw_pixels(dali, encoded)
+        if gpu:
+            img = img.gpu()
+    elif input is Input.READY_TIFF:
         img = decode_ready(dali, encoded, spec.channels, gpu)
     elif spec.channels == 4:
         img = _to_rgba(dali, _decode(dali, encoded, gpu=False, output_type=t.ANY_DATA))

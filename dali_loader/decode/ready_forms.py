@@ -4,14 +4,16 @@ The cache stores what Keras's decode gives (`tf.io.decode_image(...,
 channels=C, expand_animations=False)`: HxWxC uint8, before any resize), in a
 form that the decoder of the loader's path reads fastest:
 
-- `ReadyForm.TIFF`: TIFF, Adobe Deflate, horizontal predictor 2, strips of
-  about 64 KB. DALI's decoder parses it on the CPU bit-exactly, and on a GPU
-  nvImageCodec's nvTIFF extension inflates the strips with nvCOMP, one
-  independent stream per strip (unverified on a GPU; see docs/gpu_ready.md).
-  About the PNG's size. The DALI path's form.
 - `ReadyForm.RAW`: a 16-byte header and the pixels, uncompressed. Nothing to
-  decode: TF's kernels reshape it. Larger than the PNG (photos: about 1.6x).
-  The TF-kernel (CPU) path's form.
+  decode: TF's kernels reshape it on the CPU path; on the DALI path DALI
+  reshapes it, copies it to its device and resizes it there. Larger than the
+  PNG (photos: about 1.7x). The default form (`gpu_ready=True`).
+- `ReadyForm.TIFF`: TIFF, Adobe Deflate, horizontal predictor 2, strips of
+  about 64 KB. DALI's decoder parses it on the CPU bit-exactly; on a GPU
+  nvImageCodec's nvTIFF extension may inflate the strips with nvCOMP
+  (unverified: nvTIFF documents predictor 2 for encoding only, and
+  nvImageCodec falls back to libtiff on the CPU for a file nvTIFF refuses;
+  see docs/gpu_ready.md). About the PNG's size. `gpu_ready="tiff"`, DALI only.
 
 Numpy and tifffile only; no TF or DALI here.
 """
@@ -109,15 +111,34 @@ def decode(data: bytes, form: ReadyForm) -> np.ndarray:
 
 # Whether a GPU run has confirmed that DALI's `mixed` decoder decodes `TIFF`
 # entries on the GPU (nvTIFF), bit-exactly (benchmarks/gpu_ready_check). Until
-# then `gpu_ready=None` leaves the cache off.
-GPU_DECODE_VERIFIED = False
+# then `gpu_ready="tiff"` works but warns: on a GPU the TIFF may be decoded on
+# the CPU (nvImageCodec falls back to libtiff when nvTIFF refuses a file).
+TIFF_GPU_DECODE_VERIFIED = False
+
+GPU_READY_VALUES = (None, False, True, "raw", "tiff")
 
 
-def resolve_gpu_ready(gpu_ready: bool | None, device: str) -> bool:
-    """Whether to read through the GPU-ready cache: `gpu_ready` itself, or for
-    None, on the GPU path once `GPU_DECODE_VERIFIED`."""
-    if gpu_ready is None:
-        return device == "gpu" and GPU_DECODE_VERIFIED
-    if not isinstance(gpu_ready, bool):
-        raise ValueError(f"`gpu_ready` must be None, True or False. Received: gpu_ready={gpu_ready!r}")
-    return gpu_ready
+def resolve_gpu_ready(gpu_ready: bool | str | None) -> ReadyForm | None:
+    """The form the GPU-ready cache stores, or None (no cache).
+
+    None and False: no cache (it takes about 1.7x the PNG bytes on local disk,
+    so it is opt-in). True or "raw": `RAW` on every path: nothing is decoded in
+    a cached epoch, on any machine (TF's kernels reshape the entries on the CPU;
+    DALI reshapes them and resizes on its device). "tiff": `TIFF`, for the DALI
+    path only, whose GPU decode is unverified (`TIFF_GPU_DECODE_VERIFIED`).
+    """
+    if gpu_ready not in GPU_READY_VALUES or (gpu_ready is not None and not isinstance(
+            gpu_ready, (bool, str))):
+        raise ValueError('`gpu_ready` must be None, False, True, "raw" or "tiff". '
+                         f"Received: gpu_ready={gpu_ready!r}")
+    if gpu_ready is None or gpu_ready is False:
+        return None
+    return ReadyForm.TIFF if gpu_ready == "tiff" else ReadyForm.RAW
+
+
+def check_form_for_decoder(form: ReadyForm | None, dali: bool) -> None:
+    """Raises unless the decoder reads `form`: TF's kernels read only `RAW`."""
+    if form is ReadyForm.TIFF and not dali:
+        raise ValueError(
+            'gpu_ready="tiff" stores TIFFs for DALI to decode; TensorFlow\'s kernels read the '
+            'raw form. Use gpu_ready=True, or decoder="dali". Received: gpu_ready=\'tiff\'')

@@ -1,37 +1,53 @@
-"""The DALI TF plugin handoff: DALI's batches are TF's tensors, on DALI's device.
+"""The DALI TF plugin handoff: DALI's batches become TF's tensors with no Python per batch.
 
-The other handoff (`Handoff.GENERATOR`, `dataset._dali_dataset`) copies every
-decoded batch to the host (`as_cpu()`), passes it through a Python generator
-and lets TF copy it back to the GPU. Here the batches come out of
-`nvidia.dali.plugin.tf.experimental.DALIDatasetWithInputs`, placed on the
-device DALI runs on (the GPU in production, the CPU with `device_id=None` in
-tests: the same graph).
+The batches come out of `nvidia.dali.plugin.tf.experimental.DALIDatasetWithInputs`.
+Where that dataset is placed is the whole design (docs/handoff.md has the
+sources):
 
+- `Handoff.PLUGIN` (the default on a GPU): the DALI dataset is placed on the
+  host (`/cpu:0`). DALI still decodes and resizes on its GPU (`device_id`),
+  and its graph ends with `.cpu()`, a GPU-to-host copy that DALI documents for
+  its default executor (`exec_dynamic`). The plugin checks that every output's
+  device matches the dataset's placement (`CheckOutputDevices` in the plugin's
+  `dali_dataset_op.cc`), so both are the host. Every tf.data op after it is an
+  ordinary CPU op: `map`, `cache`, `shuffle`, `take`, `zip`, `repeat`... all
+  compose, the cardinality is asserted in the graph (`assert_cardinality`, a
+  CPU op) and survives them, and Keras copies each batch to the GPU as it does
+  for its own dataset.
+- `Handoff.PLUGIN_GPU`: the DALI dataset is placed on DALI's GPU and its
+  batches stay there (no host copy). DALI's documentation: "Most TensorFlow
+  Datasets have only CPU variant" and a round trip to the CPU is discouraged;
+  TF registers GPU kernels for few dataset ops (`prefetch`, `with_options`).
+  So this dataset is for consuming as returned (`fit`, `evaluate`, `predict`,
+  `iter`); the other transformations raise a `ValueError` that says so. Its
+  cardinality is declared at the Python level (`cardinality()`), since
+  `assert_cardinality` has no GPU kernel.
+
+Common to both:
 - Input: one `tf.data` generator per iterator over a new `FeedEpoch` (order,
-  shard, read-ahead, byte checks, exactly as the other handoff). A chunk is one
-  dense uint8 batch: each row is an 8-byte header (the file's length and its
-  label, int32) and the file's bytes, padded to the chunk's longest file.
+  shard, read-ahead, byte checks, exactly as the other handoff), on the host
+  (the plugin takes CPU inputs; for `PLUGIN_GPU` it is copied to the GPU with
+  `copy_to_device`, the plugin's own rule). A chunk is one dense uint8 batch:
+  each row is an 8-byte header (the file's length and its label, int32) and
+  the file's bytes, padded to the chunk's longest file.
 - DALI: the header is split off (`fn.reinterpret`), the file sliced to its
   length, then `image_graph` (decode, colour, crop/pad, resize). Labels leave
-  DALI too (one-hot or binary made there), on the images' device: nothing
-  follows the DALI dataset, since TF's dataset ops other than prefetch have no
-  GPU kernels and would copy the batch back to the host.
+  DALI too (one-hot or binary made there).
 - Finite epochs: the input ends, so the DALI dataset ends; the partial last
-  batch is kept. The plugin reports an infinite cardinality; the dataset
-  declares the true one to Keras at the Python level (`cardinality()`), since
-  `assert_cardinality` is a CPU-only op.
-- Every iterator builds a new DALI pipeline (the plugin's rule).
+  batch is kept. Every iterator builds a new DALI pipeline (the plugin's rule).
 
 Bad files: the feed's byte checks leave most out before DALI sees them. A file
 that passes them and still fails DALI's decode ends the iterator: the plugin
 cannot recover a pipeline mid-epoch (measured on the CPU: the error names only
 "sample #k", and `ignore_errors()` after the plugin loops forever on "All
-pending outputs were already popped"). Iterated in Python, the error is turned
-into one that names the file (the positions of the last chunks handed to DALI
-are kept; the suspects are read again and decoded one by one). With
-`on_error="skip"` the file is recorded in `ds._dali_loader.skipped` and left
-out of every later epoch; the epoch it broke still ends with the error.
-Inside `model.fit` (a `tf.function`), DALI's own error is raised.
+pending outputs were already popped"). Iterated in Python, the returned
+dataset turns the error into one that names the file (the positions of the
+last chunks handed to DALI are kept; the suspects are read again and decoded
+one by one). With `on_error="skip"` the file is recorded in
+`ds._dali_loader.skipped` and left out of every later epoch; the epoch it
+broke still ends with the error. Inside `model.fit` (a `tf.function`), or
+after a transformation, DALI's own error is raised. With the GPU-ready cache's
+raw entries nothing is decoded, so nothing can fail there.
 """
 
 from __future__ import annotations
@@ -71,28 +87,51 @@ _PREFETCH = 2  # DALI's prefetch queue depth
 class Handoff(str, enum.Enum):
     """How DALI's batches reach TF."""
 
-    GENERATOR = "generator"  # to the host, `from_generator`, back to the device by TF
-    PLUGIN = "plugin"  # the DALI TF plugin: produced and consumed on the same device
+    GENERATOR = "generator"  # to the host, one `from_generator` call per batch
+    PLUGIN = "plugin"  # the DALI TF plugin, placed on the host: composes with every tf.data op
+    PLUGIN_GPU = "plugin-gpu"  # the DALI TF plugin, placed on the GPU: consumed as returned
+
+    @property
+    def plugin(self) -> bool:
+        return self is not Handoff.GENERATOR
+
+
+HANDOFFS = (None, *(h.value for h in Handoff))
+
+# Dataset transformations a GPU-placed DALI dataset may be followed by: TF
+# registers GPU kernels for their ops (PrefetchDataset, OptionsDataset;
+# tests/test_handoff.py checks this against TF's kernel registry).
+GPU_TRANSFORMATIONS = frozenset({"prefetch", "with_options"})
 
 
 def resolve_handoff(handoff: Handoff | str | None, *, device: str, on_error: str,
                     batch_size: int | None, gpu_ready: bool = False) -> Handoff:
-    """The handoff for a DALI dataset; None picks the plugin on the GPU when it
-    holds every guarantee of the options: batched, and `on_error="raise"` or the
-    GPU-ready cache (its entries were decoded by TF first, so a file DALI cannot
-    decode never reaches DALI; bad files are left out by the feed)."""
+    """The handoff for a DALI dataset; None picks the host-placed plugin on the
+    GPU when it holds every guarantee of the options: batched, and
+    `on_error="raise"` or the GPU-ready cache (its entries were decoded by TF
+    first, so a file DALI cannot decode never reaches DALI; bad files are left
+    out by the feed). `PLUGIN_GPU` is never picked: it is asked for."""
     if handoff is None:
         plugin = device == "gpu" and batch_size is not None and (on_error == "raise" or gpu_ready)
         return Handoff.PLUGIN if plugin else Handoff.GENERATOR
     try:
         handoff = Handoff(handoff)
     except ValueError:
-        raise ValueError('`handoff` must be None, "generator" or "plugin". '
+        raise ValueError('`handoff` must be None, "generator", "plugin" or "plugin-gpu". '
                          f"Received: handoff={handoff!r}") from None
-    if handoff is Handoff.PLUGIN and batch_size is None:
-        raise ValueError('handoff="plugin" needs batches (DALI makes them). '
+    if handoff.plugin and batch_size is None:
+        raise ValueError(f'handoff="{handoff.value}" needs batches (DALI makes them). '
                          f"Received: handoff={handoff.value!r}, batch_size=None")
+    if handoff is Handoff.PLUGIN_GPU and device != "gpu":
+        raise ValueError('handoff="plugin-gpu" keeps DALI\'s batches on the GPU; it needs '
+                         'device="gpu" (or None on a machine where TF and DALI see a GPU). '
+                         f"Received: handoff={handoff.value!r}, device={device!r}")
     return handoff
+
+
+def placement(handoff: Handoff, gpu: bool, device_id: int) -> str:
+    """The TF device the DALI dataset is placed on: the GPU only for `PLUGIN_GPU`."""
+    return f"/gpu:{device_id}" if gpu and handoff is Handoff.PLUGIN_GPU else "/cpu:0"
 
 
 def pack_rows(items: list[bytes], labels: np.ndarray | None) -> np.ndarray:
@@ -112,13 +151,16 @@ def pack_rows(items: list[bytes], labels: np.ndarray | None) -> np.ndarray:
 
 
 def plugin_graph(dali, rows, spec: ImageSpec, gpu: bool, label_mode: str | None,
-                 num_classes: int, input: Input = Input.FILES):
-    """Rows in (`pack_rows`), images or `(images, labels)` out, all on one device.
-    `input`: what the rows hold (files, or GPU-ready cache entries)."""
+                 num_classes: int, input: Input = Input.FILES, on_gpu: bool = False):
+    """Rows in (`pack_rows`), images or `(images, labels)` out. DALI computes on
+    the GPU with `gpu`; the outputs are on the GPU with `on_gpu`, else on the
+    host (a GPU graph then ends with `.cpu()`). `input`: what the rows hold."""
     fn, t = dali.fn, dali.types
     head = fn.reinterpret(fn.slice(rows, start=[0], shape=[HEADER], axes=[0]), dtype=t.INT32)
     encoded = fn.slice(rows, start=[HEADER], shape=head[0:1], axes=[0])
     images = image_graph(dali, encoded, spec=spec, gpu=gpu, input=input)
+    if gpu and not on_gpu:
+        images = images.cpu()  # GPU-to-host copy: DALI's default executor (exec_dynamic)
     if label_mode is None:
         return images
     label = head[1]
@@ -126,18 +168,18 @@ def plugin_graph(dali, rows, spec: ImageSpec, gpu: bool, label_mode: str | None,
         label = fn.one_hot(label, num_classes=num_classes, dtype=t.FLOAT)
     elif label_mode == "binary":
         label = fn.reshape(fn.cast(label, dtype=t.FLOAT), shape=[1])
-    return images, (label.gpu() if gpu else label)
+    return images, (label.gpu() if on_gpu else label)
 
 
 def build_plugin_pipeline(spec: ImageSpec, batch_size: int, *, gpu: bool, device_id: int | None,
                           num_threads: int | None, label_mode: str | None, num_classes: int,
-                          input: Input = Input.FILES):
+                          input: Input = Input.FILES, on_gpu: bool = False):
     """The (unbuilt) DALI pipeline the plugin serializes: `plugin_graph` on an input."""
     dali = import_dali()
 
     def graph():
         rows = dali.fn.external_source(name=INPUT, dtype=dali.types.UINT8, ndim=1, batch=True)
-        return plugin_graph(dali, rows, spec, gpu, label_mode, num_classes, input)
+        return plugin_graph(dali, rows, spec, gpu, label_mode, num_classes, input, on_gpu)
 
     return make_pipeline(graph, spec, batch_size, gpu=gpu, device_id=device_id,
                          num_threads=num_threads, prefetch_queue_depth=_PREFETCH, input=input)
@@ -218,14 +260,35 @@ class _PluginEpochs:
         return None
 
 
-_CLASSES: dict[str, type] = {}
+_CLASSES: dict[str, tuple[type, type]] = {}
 
 
-def _dataset_class(tf) -> type:
-    """`PluginDataset`: the plugin's dataset as is (the same variant tensor, no op
-    added), with the true cardinality and iterators that name a culprit file."""
-    if "dataset" in _CLASSES:
-        return _CLASSES["dataset"]
+def _refused(name: str):
+    def refuse(self, *args, **kwargs):
+        raise ValueError(
+            f"`{name}()` cannot follow a dataset made with handoff=\"plugin-gpu\": its batches "
+            "stay on the GPU, and TensorFlow has no GPU kernel for that dataset op (DALI's "
+            "documentation: most TensorFlow datasets have only a CPU variant). Use the default "
+            "handoff (None or \"plugin\": DALI still decodes and resizes on the GPU, and every "
+            "tf.data transformation works), or consume this dataset as returned (fit, "
+            f"evaluate, predict, iter). Received: handoff='plugin-gpu', then .{name}()")
+    refuse.__name__ = name
+    return refuse
+
+
+# Public `tf.data.Dataset` methods that add a dataset op after this one.
+_TRANSFORMATIONS = (
+    "apply", "batch", "bucket_by_sequence_length", "cache", "concatenate", "enumerate", "filter",
+    "flat_map", "group_by_window", "ignore_errors", "interleave", "map", "padded_batch",
+    "ragged_batch", "rebatch", "rejection_resample", "repeat", "scan", "shard", "shuffle",
+    "skip", "snapshot", "sparse_batch", "take", "take_while", "unbatch", "unique", "window",
+)
+
+
+def _dataset_classes(tf) -> tuple[type, type]:
+    """`(NamingDataset, GpuPluginDataset)`, made once TF is imported."""
+    if "classes" in _CLASSES:
+        return _CLASSES["classes"]
     from tensorflow.python.data.ops import dataset_ops, iterator_ops
     from tensorflow.python.eager import context
 
@@ -251,11 +314,27 @@ def _dataset_class(tf) -> type:
                 raise tf.errors.InternalError(None, None, f"{culprit}{later}\n{err.message}"
                                               ) from err
 
-    class PluginDataset(dataset_ops.UnaryUnchangedStructureDataset):
-        def __init__(self, dali_dataset, epochs: _PluginEpochs, cardinality: int | None):
+    class NamingDataset(dataset_ops.UnaryUnchangedStructureDataset):
+        """A dataset as is (the same variant tensor, no op added) whose eager
+        iterators name the file a DALI decode failure comes from."""
+
+        def __init__(self, input_dataset, epochs: _PluginEpochs):
             self._plugin_epochs = epochs
+            super().__init__(input_dataset, input_dataset._variant_tensor)
+
+        def __iter__(self):
+            if context.executing_eagerly():
+                with tf.device(self._variant_tensor.device):
+                    return NamingIterator(self, self._plugin_epochs)
+            return super().__iter__()
+
+    class GpuPluginDataset(NamingDataset):
+        """The GPU-placed plugin dataset: its one tensor alone when unlabelled,
+        the true cardinality declared, transformations without a GPU kernel refused."""
+
+        def __init__(self, dali_dataset, epochs: _PluginEpochs, cardinality: int | None):
             self._known_cardinality = cardinality
-            super().__init__(dali_dataset, dali_dataset._variant_tensor)
+            super().__init__(dali_dataset, epochs)
 
         @property
         def element_spec(self):
@@ -269,32 +348,31 @@ def _dataset_class(tf) -> type:
                 return tf.constant(tf.data.UNKNOWN_CARDINALITY, tf.int64)
             return tf.constant(self._known_cardinality, tf.int64)
 
-        def __iter__(self):
-            if context.executing_eagerly():
-                with tf.device(self._variant_tensor.device):
-                    return NamingIterator(self, self._plugin_epochs)
-            return super().__iter__()
-
-    _CLASSES["dataset"] = PluginDataset
-    return PluginDataset
+    for name in _TRANSFORMATIONS:
+        setattr(GpuPluginDataset, name, _refused(name))
+    _CLASSES["classes"] = (NamingDataset, GpuPluginDataset)
+    return _CLASSES["classes"]
 
 
 def plugin_dataset(tf, batches: DaliBatches, spec: ImageSpec, batch_size: int,
                    label_mode: str | None, num_classes: int, which: tuple[int | None, int],
-                   cardinality: int | None):
+                   cardinality: int | None, handoff: Handoff = Handoff.PLUGIN):
     """The DALI TF plugin's dataset over `batches`' feed: `(images, labels)` or
-    images, on `batches.device`; `cardinality` batches (None: unknown)."""
+    images, `cardinality` batches (None: unknown), placed by `placement`."""
     dali_tf = import_dali_tf()
     gpu = batches.device == "gpu"
+    device = placement(handoff, gpu, batches.device_id)
+    on_gpu = device != "/cpu:0"
     epochs = _PluginEpochs(batches, which, label_mode is not None)
-    rows = tf.data.Dataset.from_generator(weakly(epochs, "epoch", lambda: iter(())),
-                                          output_signature=tf.TensorSpec((None, None), tf.uint8))
-    device = f"/gpu:{batches.device_id}" if gpu else "/cpu:0"
-    if gpu:  # the plugin's rule: the input on the dataset's device
+    with tf.device("/cpu:0"):  # the plugin takes its inputs from the host
+        rows = tf.data.Dataset.from_generator(weakly(epochs, "epoch", lambda: iter(())),
+                                              output_signature=tf.TensorSpec((None, None),
+                                                                             tf.uint8))
+    if on_gpu:  # the plugin's rule: the input on the dataset's device
         rows = rows.apply(tf.data.experimental.copy_to_device(device))
     pipe = build_plugin_pipeline(spec, batch_size, gpu=gpu, device_id=batches.device_id,
                                  num_threads=batches.num_threads, label_mode=label_mode,
-                                 num_classes=num_classes, input=batches.input)
+                                 num_classes=num_classes, input=batches.input, on_gpu=on_gpu)
     img_dtype = tf.uint8 if spec.output_uint8 else tf.float32
     shapes = [(None, *spec.shape)]
     dtypes = [img_dtype]
@@ -315,4 +393,13 @@ def plugin_dataset(tf, batches: DaliBatches, spec: ImageSpec, batch_size: int,
             exec_dynamic=True,
             prefetch_queue_depth=_PREFETCH,
         )
-        return _dataset_class(tf)(ds, epochs, cardinality)
+    naming, gpu_resident = _dataset_classes(tf)
+    if on_gpu:
+        return gpu_resident(ds, epochs, cardinality)
+    if label_mode is None:
+        ds = ds.map(lambda x: x)  # the plugin yields a 1-tuple
+    if cardinality is not None:
+        ds = ds.apply(tf.data.experimental.assert_cardinality(cardinality))
+    else:  # the plugin says infinite; a filter makes it unknown, as it is
+        ds = ds.filter(lambda *_: True)
+    return naming(ds.prefetch(tf.data.AUTOTUNE), epochs)

@@ -11,7 +11,7 @@ Two decode paths behind one dataset:
   `_load_image_tf`: bit-identical to Keras, for every option. Files TF's
   decoder rejects are dropped by `ignore_errors()` and named by the audit.
 With `gpu_ready`, both read GPU-ready cache entries (`feed.ready`) instead of
-the files: TIFFs for DALI, raw pixels for TF's kernels.
+the files: raw pixels that TF's kernels or DALI reshape (or TIFFs for DALI).
 Each iteration of the dataset is an independent epoch (TF calls the generator
 once per iterator). TensorFlow is imported lazily.
 """
@@ -27,7 +27,7 @@ import numpy as np
 from dali_loader.decode.dali_batches import DaliBatches
 from dali_loader.decode.dali_graph import Input, default_num_threads
 from dali_loader.decode.spec import ImageSpec
-from dali_loader.decode.ready_forms import ReadyForm, encode_raw
+from dali_loader.decode.ready_forms import ReadyForm, check_form_for_decoder, encode_raw
 from dali_loader.decode.tf_kernels import (
     decode_like_keras,
     decode_ready_like_keras,
@@ -75,24 +75,29 @@ def make_loader(source: Source, index: Index, spec: ImageSpec, *, batch_size: in
                 shuffle: bool, seed: int, device: str, decoder: str | None = None,
                 num_threads: int | None = None, on_error: str = "raise",
                 max_in_flight: int = 64, shard: tuple[int, int] = (0, 1),
-                device_id: int = 0, gpu_ready: bool = False) -> DaliBatches | Feed:
+                device_id: int = 0, gpu_ready: ReadyForm | None = None) -> DaliBatches | Feed:
     """What a dataset iterates: `DaliBatches` on the GPU (or `decoder="dali"`),
     else a `Feed` for TF's kernels. On a local disk TF reads the files; FUSE/NFS
     mounts and URLs keep the feed's read-ahead with `max_in_flight` reads.
     `shard` selects one input pipeline's batches of every epoch (`feed.order`).
-    `gpu_ready` reads through the GPU-ready cache (`feed.ready`): TIFF entries
-    for DALI, raw pixels for TF's kernels, each file decoded on the CPU once."""
+    `gpu_ready` (a `ReadyForm`, see `ready_forms.resolve_gpu_ready`) reads
+    through the GPU-ready cache (`feed.ready`): each file is decoded on the CPU
+    once; raw entries are then only reshaped (by TF's kernels or by DALI), TIFF
+    entries decoded by DALI."""
     kw = dict(shuffle=shuffle, seed=seed, on_error=on_error, max_in_flight=max_in_flight,
               source=source, batch_size=batch_size, shard=shard)
     dali = decoder == "dali" or device == "gpu"
-    if gpu_ready:
-        ready = ready_cache(source, ReadyForm.TIFF if dali else ReadyForm.RAW, spec.channels)
+    check_form_for_decoder(gpu_ready, dali)
+    if gpu_ready is not None:
+        ready = ready_cache(source, gpu_ready, spec.channels)
     if dali:
         items = ReadyBytes(ready) if gpu_ready else CheckedBytes(source, rgba=spec.channels == 4)
         feed = Feed(index, items, chunk_size=batch_size, **kw)
+        input = {None: Input.FILES, ReadyForm.RAW: Input.READY_RAW,
+                 ReadyForm.TIFF: Input.READY_TIFF}[gpu_ready]
         return DaliBatches(feed, spec, device=device, num_threads=num_threads,
-                           device_id=device_id, input=Input.READY if gpu_ready else Input.FILES)
-    if gpu_ready:
+                           device_id=device_id, input=input)
+    if gpu_ready is not None:
         items = ReadyPinned(ready)
     else:
         items = {SourceKind.LOCAL_DISK: Paths(), SourceKind.NETWORK_FS: RawBytes(source),
@@ -143,10 +148,10 @@ def to_tf_dataset(loader: DaliBatches | Feed, spec: ImageSpec, batch_size: int |
     which = (epoch, start_step)
     if isinstance(loader, DaliBatches):
         handoff = resolve_handoff(handoff, device=loader.device, on_error=loader.feed.on_error,
-                                  batch_size=batch_size, gpu_ready=loader.input is Input.READY)
-    if isinstance(loader, DaliBatches) and handoff is Handoff.PLUGIN:
+                                  batch_size=batch_size, gpu_ready=loader.input is not Input.FILES)
+    if isinstance(loader, DaliBatches) and handoff.plugin:
         ds = plugin_dataset(tf, loader, spec, batch_size, label_mode, num_classes, which,
-                            _cardinality(loader.feed, batch_size, epoch, start_step))
+                            _cardinality(loader.feed, batch_size, epoch, start_step), handoff)
         ds._dali_loader = loader
         ds.close = loader.close
         ds.seek = loader.feed.seek

@@ -45,9 +45,9 @@ def add_parsers(subparsers) -> None:
                         "form the loader reads (image_dataset_from_directory(gpu_ready=True))")
     p.add_argument("--color-mode", choices=("rgb", "rgba", "grayscale"), default="rgb",
                    help="with --gpu-ready: the dataset's color_mode (default rgb)")
-    p.add_argument("--form", choices=("gpu", "cpu"), default=None,
-                   help="with --gpu-ready: the GPU path's TIFF or the CPU path's raw pixels "
-                        "(default: gpu when TensorFlow and DALI see a GPU, else cpu)")
+    p.add_argument("--form", choices=("raw", "tiff"), default="raw",
+                   help="with --gpu-ready: raw pixels (default; what gpu_ready=True reads on "
+                        "every path) or TIFF (gpu_ready=\"tiff\", DALI only)")
     _add_cache_dir(p)
     p.add_argument("--cache-max-bytes", type=parse_size, default=None,
                    help="cache size bound, e.g. 200G (default: half the free disk space)")
@@ -134,23 +134,20 @@ def _prefetch_ready(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from dali_loader.api import open_index
-    from dali_loader.decode.devices import resolve_device
     from dali_loader.decode.ready_forms import ReadyForm
     from dali_loader.decode.spec import channels_for
     from dali_loader.errors import BadFileError
-    from dali_loader.lazy import import_tf
     from dali_loader.tfdata.dataset import ready_cache
     from dali_loader.tools.cli_common import import_tensorflow_quietly
 
-    import_tensorflow_quietly()
-    tf = import_tf()
-    form = args.form or ("gpu" if resolve_device(None, tf) == "gpu" else "cpu")
+    import_tensorflow_quietly()  # TF decodes each image once, as Keras does
+    form = args.form
     channels = channels_for(args.color_mode)
     start = time.monotonic()
     src, index = open_index(args.url, labels=None, shuffle=False, cache_dir=args.cache_dir,
                             cache_max_bytes=args.cache_max_bytes, max_in_flight=args.max_in_flight)
     with src:
-        ready = ready_cache(src, ReadyForm.TIFF if form == "gpu" else ReadyForm.RAW, channels)
+        ready = ready_cache(src, ReadyForm.TIFF if form == "tiff" else ReadyForm.RAW, channels)
         failed: list[str] = []
         source_bytes = entry_bytes = 0
         with cf.ThreadPoolExecutor(args.max_in_flight, thread_name_prefix="prefetch") as pool, \
