@@ -309,6 +309,9 @@ def _tf_kernel_dataset(tf, feed: Feed, spec: ImageSpec, batch_size: int | None,
         # One decode per core (or per `num_threads`) from the first batch
         # on: AUTOTUNE ramps up over a few batches, which short epochs feel.
         num_parallel_calls=num_threads or default_num_threads(),
+        # The audit checks positions in order; this overrides a user's
+        # `Options.deterministic = False` for this map only (TF's documented rule).
+        deterministic=True,
     ).ignore_errors()
     check = _weakly(epochs, "check", lambda: True)
 
