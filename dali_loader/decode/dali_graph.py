@@ -48,13 +48,15 @@ def _interp(dali, name: str) -> tuple[Any, bool]:
 
 
 def _to_gray(dali, rgb):
-    """RGB -> 1 channel with libpng's integer weights (what TF's PNG decoder uses)."""
+    """RGB -> 1 channel with libpng's integer weights (what TF's PNG decoder uses):
+    0.299 and 0.587 truncated to 9797 and 19234 of 32768, blue the rest (3737),
+    so a grey pixel (R == G == B) keeps its value, as in libpng."""
     fn, t = dali.fn, dali.types
     x = fn.cast(rgb, dtype=t.INT32)
     r = x[:, :, 0:1]
     g = x[:, :, 1:2]
     b = x[:, :, 2:3]
-    return fn.cast((r * 9798 + g * 19235 + b * 3735) // 32768, dtype=t.UINT8)
+    return fn.cast((r * 9797 + g * 19234 + b * 3737) // 32768, dtype=t.UINT8)
 
 
 def _to_rgba(dali, any_img):
