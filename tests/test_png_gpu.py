@@ -1,0 +1,211 @@
+"""The batched PNG decoder (dali_loader/decode/png_gpu) without a GPU: its kernels under
+numba-cuda's simulator, zlib standing in for nvCOMP behind the same interface.
+
+Covered files must equal `tf.io.decode_png(channels=C)` (libpng, as Keras) bit for bit;
+every other file must come back as a counted `Fallback` whose CPU decode equals TF's;
+corrupt files must be named under on_error="raise" and recorded under "skip".
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import sys
+import zlib
+
+import numpy as np
+import pytest
+
+# The simulator must be chosen before numba.cuda is first imported; nothing else in
+# the suite imports numba, and only numba reads this variable.
+if "numba.cuda" not in sys.modules:
+    os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
+
+pytest.importorskip("numba.cuda")
+from numba import config as numba_config  # noqa: E402
+
+from dali_loader.decode.png_gpu import (  # noqa: E402
+    PNG_GPU_VERIFIED, Fallback, Launch, PngDecodeStats, ZlibInflate, decode_pngs, resolve_png_gpu)
+from dali_loader.decode.png_gpu.cpu_fallback import finish  # noqa: E402
+from dali_loader.errors import CorruptImageError  # noqa: E402
+from dali_loader.feed.policy import EpochErrors, SkipReport  # noqa: E402
+from dali_loader.testing.pngs import encode_png, idat_data, photo, replace_idat  # noqa: E402
+
+# Small launches: each simulated thread is a Python thread.
+SIM = Launch(adler_threads=16, unfilter_threads=8, expand_threads=1, expand_blocks=1)
+MODES = (1, 3, 4)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def simulator():
+    if not numba_config.ENABLE_CUDASIM:
+        pytest.skip("numba.cuda was imported before NUMBA_ENABLE_CUDASIM=1 could be set")
+    # The simulator's block manager polls its threads under the GIL: a short switch
+    # interval makes each syncthreads cost microseconds instead of milliseconds.
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-4)
+    yield
+    sys.setswitchinterval(old)
+
+
+@pytest.fixture(scope="module")
+def tf():
+    from dali_loader.lazy import import_tf
+
+    return import_tf()
+
+
+def _ihdr(data: bytes) -> tuple[int, int]:
+    """(bit depth, interlace) of a PNG with a sound IHDR."""
+    return data[24], data[28]
+
+
+def _suite(pngsuite):
+    files = sorted(p for p in pngsuite.glob("*.png") if not p.name.startswith("x"))
+    return [p.name for p in files], [p.read_bytes() for p in files]
+
+
+def _raise(err):
+    raise err
+
+
+@pytest.mark.parametrize("channels", MODES)
+def test_pngsuite_bit_exact_and_fallback(pngsuite, tf, channels):
+    names, blobs = _suite(pngsuite)
+    stats = PngDecodeStats()
+    got = decode_pngs(blobs, channels, backend=ZlibInflate(), launch=SIM, stats=stats)
+    covered = [n for n, r in zip(names, got) if not isinstance(r, Fallback)]
+    eight_bit_flat = {n for n, b in zip(names, blobs) if _ihdr(b) == (8, 0)}
+    # Every 8-bit non-interlaced file is covered, except RGB -> grey with a gamma.
+    gamma = {n for n, r in zip(names, got) if isinstance(r, Fallback) and "gamma" in r.reason}
+    assert set(covered) == eight_bit_flat - gamma
+    assert len(covered) == (48 if channels == 1 else 53)
+    assert all(n.startswith("g") or n == "ccwn2c08.png" for n in gamma)
+    done = finish(got, blobs, names, channels, _raise)
+    for name, data, img in zip(names, blobs, done):
+        ref = tf.io.decode_png(data, channels=channels).numpy()
+        assert img.shape == ref.shape and np.array_equal(np.asarray(img), ref), name
+    assert stats.as_dict()["batched"] == len(covered)
+    assert stats.as_dict()["fallback"] == len(names) - len(covered)
+
+
+def _photo_pngs():
+    """Photo-like PNGs with mixed filter rows, in every colour type, with tRNS keys."""
+    rng = np.random.default_rng(7)
+    rgb = photo(rng, 9, 13)
+    grey = rgb[:, :, :1]
+    alpha = rng.integers(0, 256, rgb.shape[:2] + (1,), dtype=np.uint8)
+    pal = rng.integers(0, 256, (40, 3), dtype=np.uint8)
+    idx = rng.integers(0, 40, rgb.shape[:2], dtype=np.uint8)
+    key_rgb = struct.pack(">3H", *map(int, rgb[2, 3]))
+    return {
+        "rgb_paeth": encode_png(rgb, (4,)),
+        "rgb_mixed": encode_png(rgb, (0, 1, 2, 3, 4, 3, 2)),
+        "rgb_trns": encode_png(rgb, (3, 1), trns=key_rgb),
+        "rgba_mixed": encode_png(np.concatenate([rgb, alpha], 2), (2, 4, 1, 0, 3)),
+        "grey_mixed": encode_png(grey, (1, 3, 4, 2)),
+        "grey_trns": encode_png(grey, (4, 0), trns=struct.pack(">H", int(grey[0, 0, 0]))),
+        "grey_alpha": encode_png(np.concatenate([grey, alpha], 2), (3, 4)),
+        "palette_trns": encode_png(idx, (1, 4), palette=pal, trns=bytes(range(0, 250, 10))),
+        "rgb_gamma_1": encode_png(rgb, (4, 2), extra_chunks=_chunk(b"gAMA", struct.pack(">I", 100000))),
+    }
+
+
+def _chunk(ctype: bytes, body: bytes) -> bytes:
+    return struct.pack(">I", len(body)) + ctype + body + struct.pack(">I", zlib.crc32(ctype + body))
+
+
+@pytest.mark.parametrize("channels", MODES)
+def test_photos_with_every_filter_bit_exact(tf, channels):
+    pngs = _photo_pngs()
+    got = decode_pngs(list(pngs.values()), channels, backend=ZlibInflate(), launch=SIM)
+    for name, data, img in zip(pngs, pngs.values(), got):
+        assert not isinstance(img, Fallback), (name, img)
+        ref = tf.io.decode_png(data, channels=channels).numpy()
+        assert np.array_equal(img, ref), name
+
+
+def test_significant_gamma_rgb_to_grey_differs_in_libpng_so_falls_back(tf):
+    """The one libpng transform not reproduced: RGB -> grey through gamma tables."""
+    rgb = photo(np.random.default_rng(3), 16, 16)
+    plain = encode_png(rgb, (0,))
+    gamma = encode_png(rgb, (0,), extra_chunks=_chunk(b"gAMA", struct.pack(">I", 45455)))
+    assert not np.array_equal(tf.io.decode_png(plain, channels=1).numpy(),
+                              tf.io.decode_png(gamma, channels=1).numpy())
+    got = decode_pngs([gamma], 1, backend=ZlibInflate(), launch=SIM)
+    assert isinstance(got[0], Fallback) and "gamma" in got[0].reason
+    got = decode_pngs([gamma], 3, backend=ZlibInflate(), launch=SIM)  # no gamma for RGB out
+    assert np.array_equal(got[0], tf.io.decode_png(gamma, channels=3).numpy())
+
+
+def _broken_streams() -> dict[str, bytes]:
+    """CRC-valid PNGs whose zlib stream is wrong in ways only the inflate checks see."""
+    rgb = photo(np.random.default_rng(5), 12, 10)
+    good = encode_png(rgb, (1, 4))
+    z = bytearray(idat_data(good))
+    scrambled = bytearray(z)
+    rng = np.random.default_rng(0)
+    mid = slice(4, len(z) - 6)
+    scrambled[mid] = rng.permutation(np.frombuffer(bytes(z[mid]), np.uint8)).tobytes()
+    bad_adler = z[:-4] + struct.pack(">I", (zlib.adler32(zlib.decompress(bytes(z))) + 1) & 0xFFFFFFFF)
+    short = zlib.compress(zlib.decompress(bytes(z))[:-11])
+    bad_filter = bytearray(zlib.decompress(bytes(z)))
+    bad_filter[0] = 7
+    return {
+        "scrambled.png": replace_idat(good, bytes(scrambled)),
+        "bad_adler.png": replace_idat(good, bytes(bad_adler)),
+        "short.png": replace_idat(good, short),
+        "bad_filter.png": replace_idat(good, zlib.compress(bytes(bad_filter))),
+    }
+
+
+def test_device_side_checks_catch_bad_streams(tf):
+    files = _broken_streams()
+    stats = PngDecodeStats()
+    got = decode_pngs(list(files.values()), 3, backend=ZlibInflate(), launch=SIM, stats=stats)
+    reasons = {n: r.reason for n, r in zip(files, got) if isinstance(r, Fallback)}
+    assert set(reasons) == set(files)
+    assert "Adler-32" in reasons["bad_adler.png"]
+    assert "size" in reasons["short.png"]
+    assert reasons["bad_filter.png"] == "bad filter type"
+    assert stats.as_dict() == {"batched": 0, "fallback": 4, "fallback_reasons": {
+        r: list(reasons.values()).count(r) for r in reasons.values()}}
+
+
+def _bad_files(pngsuite) -> dict[str, bytes]:
+    files = {p.name: p.read_bytes() for p in sorted(pngsuite.glob("x*.png"))}
+    assert len(files) == 14
+    return {**files, "scrambled.png": _broken_streams()["scrambled.png"]}
+
+
+def test_corrupt_files_named_under_raise(pngsuite, tf):
+    files = _bad_files(pngsuite)
+    got = decode_pngs(list(files.values()), 3, backend=ZlibInflate(), launch=SIM)
+    assert all(isinstance(r, Fallback) for r in got)
+    for (name, data), r in zip(files.items(), got):
+        with pytest.raises(CorruptImageError) as e:
+            finish([r], [data], [f"/data/{name}"], 3, EpochErrors("raise", SkipReport()))
+        assert e.value.path == f"/data/{name}" and name in str(e.value)
+
+
+def test_corrupt_files_left_out_and_recorded_under_skip(pngsuite, tf):
+    files = _bad_files(pngsuite)
+    good = encode_png(photo(np.random.default_rng(1), 6, 5), (2,))
+    names = ["good_a.png", *files, "good_b.png"]
+    blobs = [good, *files.values(), good]
+    got = decode_pngs(blobs, 4, backend=ZlibInflate(), launch=SIM)
+    report = SkipReport()
+    errors = EpochErrors("skip", report)
+    done = finish(got, blobs, names, 4, errors)
+    assert [n for n, r in zip(names, done) if r is not None] == ["good_a.png", "good_b.png"]
+    assert set(errors.skipped) == set(files) and set(report.of_kind("corrupt")) == set(files)
+    assert np.array_equal(done[0], tf.io.decode_png(good, channels=4).numpy())
+
+
+def test_off_by_default_and_explicit_option():
+    assert PNG_GPU_VERIFIED is False
+    assert resolve_png_gpu(None, "gpu") is False and resolve_png_gpu(True, "cpu") is True
+    with pytest.raises(ValueError, match="Received: png_gpu='yes'"):
+        resolve_png_gpu("yes", "gpu")
+    with pytest.raises(ValueError, match="Received: channels=2"):
+        decode_pngs([b""], 2, backend=ZlibInflate())
