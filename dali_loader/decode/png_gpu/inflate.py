@@ -107,7 +107,7 @@ class NvcompInflate:
         except (ValueError, RuntimeError) as e:
             logger.info("nvCOMP batch decode failed (%s); retrying stream by stream", e)
             sizes = self._one_by_one(src, dst, batch)
-        self.stream.synchronize()
+        cp.cuda.runtime.deviceSynchronize()  # whichever stream nvCOMP used
         return dst, sizes
 
     def _one_by_one(self, src, dst, batch: PackedBatch) -> np.ndarray:
