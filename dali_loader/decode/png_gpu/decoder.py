@@ -21,6 +21,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import threading
+from concurrent.futures import Executor
 from typing import Sequence
 
 import numpy as np
@@ -92,17 +93,22 @@ def _check_channels(channels: int) -> None:
         raise ValueError(f"`channels` must be 1, 3 or 4. Received: channels={channels}")
 
 
-def plan(blobs: Sequence[bytes], channels: int) -> list[PngLayout | Fallback]:
-    """The host parse of every file: its layout, or the `Fallback` that sends it to the CPU."""
+def _plan_one(data: bytes, channels: int) -> PngLayout | Fallback:
+    p = parse_png(bytes(data) if not isinstance(data, bytes) else data)
+    if (isinstance(p, PngLayout) and channels == 1 and p.gamma_significant
+            and p.color_type in (RGB, PALETTE, RGBA)):
+        p = Fallback("RGB -> grey with a significant gamma (libpng converts through gamma tables)")
+    return p
+
+
+def plan(blobs: Sequence[bytes], channels: int,
+         executor: Executor | None = None) -> list[PngLayout | Fallback]:
+    """The host parse of every file: its layout, or the `Fallback` that sends it to the CPU
+    (in `executor`'s threads when given: `zlib.crc32` releases the GIL)."""
     _check_channels(channels)
-    plans: list[PngLayout | Fallback] = []
-    for data in blobs:
-        p = parse_png(bytes(data) if not isinstance(data, bytes) else data)
-        if (isinstance(p, PngLayout) and channels == 1 and p.gamma_significant
-                and p.color_type in (RGB, PALETTE, RGBA)):
-            p = Fallback("RGB -> grey with a significant gamma (libpng converts through gamma tables)")
-        plans.append(p)
-    return plans
+    if executor is None:
+        return [_plan_one(b, channels) for b in blobs]
+    return list(executor.map(_plan_one, blobs, [channels] * len(blobs)))
 
 
 def _simulated() -> bool:
@@ -113,7 +119,8 @@ def _simulated() -> bool:
 
 
 def decode_pngs(blobs: Sequence[bytes], channels: int, *, backend: InflateBackend,
-                launch: Launch | None = None, stats: PngDecodeStats | None = None) -> list:
+                launch: Launch | None = None, stats: PngDecodeStats | None = None,
+                executor: Executor | None = None) -> list:
     """Decodes a batch of PNG files to HxWxC uint8 pixels, like `tf.io.decode_png(channels=C)`.
 
     Args:
@@ -122,17 +129,18 @@ def decode_pngs(blobs: Sequence[bytes], channels: int, *, backend: InflateBacken
         backend: The inflate backend (`NvcompInflate` on a GPU, `ZlibInflate`).
         launch: Kernel launch sizes (default: `Launch()`).
         stats: Counts of batched and fallback images, added to.
+        executor: Threads for the host parse and packing (default: this thread).
 
     Returns:
         Per file, in order: the pixels (a CuPy array on a GPU, numpy under the
         simulator) or a `Fallback` for `cpu_fallback.finish`.
     """
-    plans = plan(blobs, channels)
+    plans = plan(blobs, channels, executor)
     launch = launch or Launch()
     todo = [i for i, p in enumerate(plans) if isinstance(p, PngLayout)]
     results: list = list(plans)
     if todo:
-        for i, r in zip(todo, _run([plans[i] for i in todo], channels, backend, launch)):
+        for i, r in zip(todo, _run([plans[i] for i in todo], channels, backend, launch, executor)):
             results[i] = r
     if stats is not None:
         fb = [r.reason for r in results if isinstance(r, Fallback)]
@@ -140,11 +148,12 @@ def decode_pngs(blobs: Sequence[bytes], channels: int, *, backend: InflateBacken
     return results
 
 
-def _run(layouts: list[PngLayout], channels: int, backend: InflateBackend, launch: Launch):
+def _run(layouts: list[PngLayout], channels: int, backend: InflateBackend, launch: Launch,
+         executor: Executor | None):
     cuda = import_numba_cuda()
     from dali_loader.decode.png_gpu.kernels import adler32, expand, unfilter
 
-    batch = pack(layouts, channels, empty=backend.empty_host)
+    batch = pack(layouts, channels, empty=backend.empty_host, executor=executor)
     inflated, sizes = backend.inflate(batch)
     if _simulated():
         xp, dev = np, np.asarray

@@ -10,6 +10,7 @@ output buffer (HxWxC per image), and the small per-image tables the kernels read
 from __future__ import annotations
 
 import dataclasses
+from concurrent.futures import Executor
 from typing import Callable, Sequence
 
 import numpy as np
@@ -64,14 +65,24 @@ class PackedBatch:
 
 
 def pack(layouts: Sequence[PngLayout], channels: int,
-         empty: Callable[[int], np.ndarray] | None = None) -> PackedBatch:
-    """Packs `layouts` for output `channels`; `empty(nbytes)` allocates the input buffer."""
+         empty: Callable[[int], np.ndarray] | None = None,
+         executor: Executor | None = None) -> PackedBatch:
+    """Packs `layouts` for output `channels`; `empty(nbytes)` allocates the input buffer;
+    `executor`'s threads copy the streams in (numpy copies release the GIL)."""
     n = len(layouts)
     src_len = np.array([len(p.deflate) for p in layouts], np.int64)
     src_off, src_total = _aligned_offsets(src_len)
     src = (empty or (lambda k: np.empty(k, np.uint8)))(max(src_total, 1))
-    for p, off, size in zip(layouts, src_off, src_len):
-        src[off:off + size] = np.frombuffer(p.deflate, np.uint8)
+
+    def put(i: int) -> None:
+        off = int(src_off[i])
+        src[off:off + int(src_len[i])] = np.frombuffer(layouts[i].deflate, np.uint8)
+
+    if executor is None:
+        for i in range(n):
+            put(i)
+    else:
+        list(executor.map(put, range(n)))
     dst_len = np.array([p.inflated_size for p in layouts], np.int64)
     dst_off, dst_total = _aligned_offsets(dst_len)
     out_len = np.array([p.width * p.height * channels for p in layouts], np.int64)
