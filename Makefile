@@ -51,12 +51,9 @@ gpu-check: install
 # prints the device tool's call.
 gpu-check-png: install
 	$(VPY) benchmarks/png_gpu_check/prepare.py
-	@if nvidia-smi -L >/dev/null 2>&1 && python3 -c 'import sys, numpy, numba, cupy; sys.exit(sys.version_info[:2] != (3, 12))' 2>/dev/null; then \
-		bash benchmarks/png_gpu_check/run_on_device.sh; \
-	else \
-		echo "No GPU with Python 3.12, numba-cuda and CuPy here. The device tool's call (run):"; \
-		$(VPY) benchmarks/png_gpu_check/prepare.py --print-device-call; \
-	fi
+	@GPU_PY312='import sys, numpy, numba, cupy; sys.exit(sys.version_info[:2] != (3, 12))'; \
+	if nvidia-smi -L >/dev/null 2>&1 && python3 -c "$$GPU_PY312" 2>/dev/null; then bash benchmarks/png_gpu_check/run_on_device.sh; \
+	else echo "No GPU with Python 3.12, numba-cuda and CuPy here. The device tool's call (run):"; $(VPY) benchmarks/png_gpu_check/prepare.py --print-device-call; fi
 
 # The TF + DALI GPU check: GPU tests, local and gs:// benchmarks on the GPU path.
 gpu-check-tf: install

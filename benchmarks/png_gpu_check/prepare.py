@@ -146,14 +146,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--real", type=int, default=24, help="real photo PNGs carried")
     ap.add_argument("--full-ref-real", type=int, default=2,
                     help="real PNGs whose full reference pixels are carried (others: SHA-256)")
-    ap.add_argument("--pngsuite", default=os.path.join(REPO, "..", "shared", "pngsuite"))
-    ap.add_argument("--force", action="store_true", help="rewrite the slimmed wheels")
     ap.add_argument("--print-device-call", action="store_true",
-                    help="only print the device tool's call and exit")
+                    help="print the device tool's call, prepare nothing")
+    ap.add_argument("--force", action="store_true", help="rewrite the slimmed wheels")
+    ap.add_argument("--pngsuite", default=os.path.join(REPO, "..", "shared", "pngsuite"))
     args = ap.parse_args(argv)
     if args.print_device_call:
-        print(device_call())
-        return 0
+        return print(device_call()) or 0
     t0 = time.perf_counter()
     tools = _wheel_tools()
     wheels = tools.prepare_wheels(args.cuda, ["312"], False, args.force)
@@ -162,19 +161,17 @@ def main(argv: list[str] | None = None) -> int:
     manifest = {"format": 1, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                 "wheels": wheels, "expected_batched": expected_batched(data["pngsuite"]), **data}
     json.dump(manifest, open(os.path.join(DATA_DIR, "manifest.json"), "w"), indent=1)
-    w, d, r = tree_bytes(WHL_DIR), tree_bytes(DATA_DIR), tools.repo_bytes()
-    total = w + d + r
-    log("== carried by the device call")
-    log(f"  build/png_gpu_check/whl {w / MiB:.2f} MiB + data {d / MiB:.2f} MiB "
-        f"+ repository files {r / MiB:.2f} MiB = {total / MiB:.2f} MiB "
-        f"(limit {CARRY_LIMIT / MiB:.0f} MiB); prepared in {time.perf_counter() - t0:.0f} s")
-    if total > CARRY_LIMIT:
-        log("FAILED: over the limit (fewer --real, or --cuda 13)")
-        return 1
-    log("== the device tool's call (run):")
-    log("  " + device_call())
-    return 0
-
+    parts = {"wheels": tree_bytes(WHL_DIR), "data": tree_bytes(DATA_DIR),
+             "repository files": tools.repo_bytes()}
+    total = sum(parts.values())
+    log("== carried by the device call (build/png_gpu_check + the repository)")
+    log("  " + " + ".join(f"{k} {v / MiB:.2f}" for k, v in parts.items())
+        + f" = {total / MiB:.2f} MiB of {CARRY_LIMIT / MiB:.0f}; "
+        f"prepared in {time.perf_counter() - t0:.0f} s")
+    ok = total <= CARRY_LIMIT
+    log("== the device tool's call (run):\n  " + device_call() if ok else
+        "FAILED: over the limit (fewer --real, or --cuda 13)")
+    return 0 if ok else 1
 
 if __name__ == "__main__":
     sys.exit(main())

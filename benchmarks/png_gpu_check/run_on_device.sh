@@ -10,12 +10,8 @@
 # 2 could not run), 124 on the timeout. Extra arguments go to device_check.py
 # (--dry-run: no GPU, numba-cuda's simulator, zlib only).
 set -uo pipefail
-cd "$(dirname "$0")/../.."
-PY=${PY:-python3}
-SITE=${SITE:-/tmp/site}
-OUT=${OUT:-$(mktemp -d)}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 OUT
+cd "$(dirname "$0")/../.." && : "${PY:=python3}" "${SITE:=/tmp/site}" "${OUT:=$(mktemp -d)}"
+mkdir -p "$OUT" && export PYTHONUNBUFFERED=1 OUT
 echo "png_gpu_check: $($PY --version 2>&1) at $(command -v "$PY"); OUT=$OUT"
 if ! ls build/png_gpu_check/whl/*.whl >/dev/null 2>&1 || [ ! -f build/png_gpu_check/data/manifest.json ]; then
   echo "missing build/png_gpu_check/: run prepare.py and carry it"; exit 2
