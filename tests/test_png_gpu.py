@@ -17,13 +17,19 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-# The simulator must be chosen before numba.cuda is first imported; nothing else in
-# the suite imports numba, and only numba reads this variable.
+# The simulator is chosen when numba.cuda is first imported (nothing else in the suite
+# imports numba); the variable is removed again so that no later test or subprocess sees it.
 if "numba.cuda" not in sys.modules:
+    _before = os.environ.get("NUMBA_ENABLE_CUDASIM")
     os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
-
-pytest.importorskip("numba.cuda")
-from numba import config as numba_config  # noqa: E402
+    try:
+        pytest.importorskip("numba.cuda")
+    finally:
+        if _before is None:
+            del os.environ["NUMBA_ENABLE_CUDASIM"]
+        else:
+            os.environ["NUMBA_ENABLE_CUDASIM"] = _before
+cuda = pytest.importorskip("numba.cuda")
 
 from dali_loader.decode.png_gpu import (  # noqa: E402
     PNG_GPU_VERIFIED, Fallback, Launch, PngDecodeStats, ZlibInflate, decode_pngs, resolve_png_gpu)
@@ -39,7 +45,7 @@ MODES = (1, 3, 4)
 
 @pytest.fixture(scope="module", autouse=True)
 def simulator():
-    if not numba_config.ENABLE_CUDASIM:
+    if not cuda.jit.__module__.startswith("numba.cuda.simulator"):
         pytest.skip("numba.cuda was imported before NUMBA_ENABLE_CUDASIM=1 could be set")
     # The simulator's block manager polls its threads under the GIL: a short switch
     # interval makes each syncthreads cost microseconds instead of milliseconds.

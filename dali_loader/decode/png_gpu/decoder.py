@@ -112,10 +112,8 @@ def plan(blobs: Sequence[bytes], channels: int,
 
 
 def _simulated() -> bool:
-    from numba import config
-
-    import_numba_cuda()
-    return bool(config.ENABLE_CUDASIM)
+    """Whether numba.cuda is the simulator (chosen when numba.cuda was first imported)."""
+    return import_numba_cuda().jit.__module__.startswith("numba.cuda.simulator")
 
 
 def decode_pngs(blobs: Sequence[bytes], channels: int, *, backend: InflateBackend,

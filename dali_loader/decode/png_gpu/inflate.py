@@ -103,7 +103,7 @@ class NvcompInflate:
         try:
             out = self._carve(dst, batch.dst_off, batch.dst_len)
             self.codec.decode(self._carve(src, batch.src_off, batch.src_len), out=out)
-            sizes = np.array(out.buffer_sizes, np.int64)
+            sizes = np.array([int(x) for x in out.buffer_sizes], np.int64)
         except (ValueError, RuntimeError) as e:
             logger.info("nvCOMP batch decode failed (%s); retrying stream by stream", e)
             sizes = self._one_by_one(src, dst, batch)
