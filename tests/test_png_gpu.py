@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import struct
 import sys
-import zlib
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -36,7 +35,7 @@ from dali_loader.decode.png_gpu import (  # noqa: E402
 from dali_loader.decode.png_gpu.cpu_fallback import finish  # noqa: E402
 from dali_loader.errors import CorruptImageError  # noqa: E402
 from dali_loader.feed.policy import EpochErrors, SkipReport  # noqa: E402
-from dali_loader.testing.pngs import encode_png, idat_data, photo, replace_idat  # noqa: E402
+from dali_loader.testing.pngs import broken_streams, chunk, encode_png, photo  # noqa: E402
 
 # Small launches: each simulated thread is a Python thread.
 SIM = Launch(adler_threads=16, unfilter_threads=8, expand_threads=1, expand_blocks=1)
@@ -105,7 +104,9 @@ def _photo_pngs():
     pal = rng.integers(0, 256, (40, 3), dtype=np.uint8)
     idx = rng.integers(0, 40, rgb.shape[:2], dtype=np.uint8)
     key_rgb = struct.pack(">3H", *map(int, rgb[2, 3]))
+    noise = rng.integers(0, 256, (6, 16, 3), dtype=np.uint8)  # every grey weight matters
     return {
+        "rgb_noise": encode_png(noise, (0, 4)),
         "rgb_paeth": encode_png(rgb, (4,)),
         "rgb_mixed": encode_png(rgb, (0, 1, 2, 3, 4, 3, 2)),
         "rgb_trns": encode_png(rgb, (3, 1), trns=key_rgb),
@@ -114,12 +115,8 @@ def _photo_pngs():
         "grey_trns": encode_png(grey, (4, 0), trns=struct.pack(">H", int(grey[0, 0, 0]))),
         "grey_alpha": encode_png(np.concatenate([grey, alpha], 2), (3, 4)),
         "palette_trns": encode_png(idx, (1, 4), palette=pal, trns=bytes(range(0, 250, 10))),
-        "rgb_gamma_1": encode_png(rgb, (4, 2), extra_chunks=_chunk(b"gAMA", struct.pack(">I", 100000))),
+        "rgb_gamma_1": encode_png(rgb, (4, 2), extra_chunks=chunk(b"gAMA", struct.pack(">I", 100000))),
     }
-
-
-def _chunk(ctype: bytes, body: bytes) -> bytes:
-    return struct.pack(">I", len(body)) + ctype + body + struct.pack(">I", zlib.crc32(ctype + body))
 
 
 @pytest.mark.parametrize("channels", MODES)
@@ -138,7 +135,7 @@ def test_significant_gamma_rgb_to_grey_differs_in_libpng_so_falls_back(tf):
     """The one libpng transform not reproduced: RGB -> grey through gamma tables."""
     rgb = photo(np.random.default_rng(3), 16, 16)
     plain = encode_png(rgb, (0,))
-    gamma = encode_png(rgb, (0,), extra_chunks=_chunk(b"gAMA", struct.pack(">I", 45455)))
+    gamma = encode_png(rgb, (0,), extra_chunks=chunk(b"gAMA", struct.pack(">I", 45455)))
     assert not np.array_equal(tf.io.decode_png(plain, channels=1).numpy(),
                               tf.io.decode_png(gamma, channels=1).numpy())
     got = decode_pngs([gamma], 1, backend=ZlibInflate(), launch=SIM)
@@ -147,29 +144,8 @@ def test_significant_gamma_rgb_to_grey_differs_in_libpng_so_falls_back(tf):
     assert np.array_equal(got[0], tf.io.decode_png(gamma, channels=3).numpy())
 
 
-def _broken_streams() -> dict[str, bytes]:
-    """CRC-valid PNGs whose zlib stream is wrong in ways only the inflate checks see."""
-    rgb = photo(np.random.default_rng(5), 12, 10)
-    good = encode_png(rgb, (1, 4))
-    z = bytearray(idat_data(good))
-    scrambled = bytearray(z)
-    rng = np.random.default_rng(0)
-    mid = slice(4, len(z) - 6)
-    scrambled[mid] = rng.permutation(np.frombuffer(bytes(z[mid]), np.uint8)).tobytes()
-    bad_adler = z[:-4] + struct.pack(">I", (zlib.adler32(zlib.decompress(bytes(z))) + 1) & 0xFFFFFFFF)
-    short = zlib.compress(zlib.decompress(bytes(z))[:-11])
-    bad_filter = bytearray(zlib.decompress(bytes(z)))
-    bad_filter[0] = 7
-    return {
-        "scrambled.png": replace_idat(good, bytes(scrambled)),
-        "bad_adler.png": replace_idat(good, bytes(bad_adler)),
-        "short.png": replace_idat(good, short),
-        "bad_filter.png": replace_idat(good, zlib.compress(bytes(bad_filter))),
-    }
-
-
 def test_device_side_checks_catch_bad_streams(tf):
-    files = _broken_streams()
+    files = broken_streams(photo(np.random.default_rng(5), 12, 10))
     stats = PngDecodeStats()
     got = decode_pngs(list(files.values()), 3, backend=ZlibInflate(), launch=SIM, stats=stats)
     reasons = {n: r.reason for n, r in zip(files, got) if isinstance(r, Fallback)}
@@ -184,7 +160,7 @@ def test_device_side_checks_catch_bad_streams(tf):
 def _bad_files(pngsuite) -> dict[str, bytes]:
     files = {p.name: p.read_bytes() for p in sorted(pngsuite.glob("x*.png"))}
     assert len(files) == 14
-    return {**files, "scrambled.png": _broken_streams()["scrambled.png"]}
+    return {**files, "scrambled.png": broken_streams(photo(np.random.default_rng(5), 12, 10))["scrambled.png"]}
 
 
 def test_corrupt_files_named_under_raise(pngsuite, tf):

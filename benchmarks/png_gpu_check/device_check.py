@@ -18,7 +18,10 @@ wheels, numba-cuda and CuPy from the device:
    PNG bytes in host memory to pixels in GPU memory, batches 64..4096 (photos repeated),
    1 warm-up then `--rounds`; the host parse+pack time alone alongside;
 5. cpu: the same photos decoded on all cores (a process pool; Pillow when installed,
-   else zlib + a numba-compiled unfilter), images/s.
+   else zlib + a numba-compiled unfilter), images/s;
+6. broken: CRC-valid files with scrambled Deflate data, a wrong Adler-32, too few rows
+   or a bad filter type must all come back as `Fallback` (nvCOMP does not validate its
+   input; last, so that a hang there loses no earlier phase).
 
 Prints one table; writes `$OUT/png_gpu_check.json`. Exit 0: every batched image exact;
 1: a mismatch (listed by name); 2: could not run. `--dry-run`: no GPU, numba-cuda's
@@ -31,6 +34,7 @@ import argparse
 import concurrent.futures as cf
 import hashlib
 import json
+import multiprocessing
 import os
 import platform
 import subprocess
@@ -45,6 +49,9 @@ sys.path.insert(0, REPO)
 DATA = os.path.join(REPO, "build", "png_gpu_check", "data")
 MODES = (1, 3, 4)
 PHOTO_HW = (375, 500)
+# Worker processes start fresh: the parent holds a CUDA context by then, which a forked
+# child must not inherit.
+SPAWN = multiprocessing.get_context("spawn")
 
 import numpy as np  # noqa: E402
 
@@ -160,6 +167,21 @@ def check_exact(backend, launch, manifest, refs, photos, dry: bool) -> dict:
     return {"failures": fails, "counts": counts}
 
 
+def check_broken(backend, launch, photos, hw) -> list[str]:
+    """CRC-valid files with broken zlib streams: nvCOMP does not validate Deflate input, so
+    the Adler-32/size/filter checks must send each to the CPU. Run last: if nvCOMP hung on
+    one, the phases before are already in the JSON."""
+    from dali_loader.decode.png_gpu import Fallback, decode_pngs
+    from dali_loader.testing.pngs import broken_streams
+
+    broken = broken_streams(np.frombuffer(photos[0][1], np.uint8).reshape(hw + (3,)))
+    got = decode_pngs(list(broken.values()), 3, backend=backend, launch=launch)
+    for k, r in zip(broken, got):
+        log(f"  {k}: {r.reason if isinstance(r, Fallback) else 'BATCHED (wrong)'}")
+    return [f"{k}: decoded on the batched path" for k, r in zip(broken, got)
+            if not isinstance(r, Fallback)]
+
+
 def sync() -> None:
     from numba import cuda
 
@@ -269,7 +291,7 @@ def time_cpu(photos, rounds: int) -> dict:
     pngs = [p for p, _ in photos]
     workers = os.cpu_count() or 1
     chunks = [(kind, pngs[i::workers * 4]) for i in range(workers * 4)]
-    with cf.ProcessPoolExecutor(workers) as ex:
+    with cf.ProcessPoolExecutor(workers, mp_context=SPAWN) as ex:
         list(ex.map(_cpu_chunk, [(kind, pngs[:workers])]))  # warm-up (numba compile per worker)
         list(ex.map(_cpu_chunk, [(kind, pngs[i:i + 1]) for i in range(workers * 2)]))
         times = []
@@ -346,7 +368,7 @@ def main(argv=None) -> int:
     hw = (24, 20) if args.dry_run else PHOTO_HW
     log(f"== photos: {args.photos} x {hw[1]}x{hw[0]} RGB PNGs (numpy + zlib)")
     t0 = time.perf_counter()
-    with cf.ProcessPoolExecutor(os.cpu_count()) as ex:
+    with cf.ProcessPoolExecutor(os.cpu_count(), mp_context=SPAWN) as ex:
         photos = list(ex.map(make_photo, range(args.photos), [hw] * args.photos, chunksize=16))
     result["phases"]["photos_s"] = time.perf_counter() - t0
     png_mb = sum(len(p) for p, _ in photos) / 1e6
@@ -384,6 +406,13 @@ def main(argv=None) -> int:
         log(f"  {'GPU ' + timing_backend.name + ' + kernels':28s} {row['batch']:6d} "
             f"{row['images_per_s_best']:9.0f} {row['gb_per_s_pixels']:8.2f} "
             f"{row['images_per_s_best'] / cpu:6.2f}")
+    for name, backend in backends.items():
+        log(f"== broken streams (CRC-valid), inflate {name}")
+        save()
+        bad = check_broken(backend, launch, photos, hw)
+        result["phases"][f"broken_{name}"] = bad
+        failures += [f"[{name}] {f}" for f in bad]
+    result["failures"] = failures
     result["seconds"] = time.monotonic() - t_start
     save()
     if failures:

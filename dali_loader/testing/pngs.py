@@ -100,3 +100,25 @@ def idat_data(png: bytes) -> bytes:
             data += png[pos + 8:pos + 8 + n]
         pos += 12 + n
     return data
+
+
+def broken_streams(rgb: np.ndarray) -> dict[str, bytes]:
+    """CRC-valid PNGs of `rgb` whose zlib stream is wrong in ways only the checks after
+    inflating can see: scrambled Deflate data, a wrong Adler-32, too few rows, a filter
+    type of 7."""
+    good = encode_png(rgb, (1, 4))
+    z = idat_data(good)
+    raw = zlib.decompress(z)
+    scrambled = bytearray(z)
+    mid = slice(4, len(z) - 6)
+    scrambled[mid] = np.random.default_rng(0).permutation(
+        np.frombuffer(z[mid], np.uint8)).tobytes()
+    bad_filter = bytearray(raw)
+    bad_filter[0] = 7
+    return {
+        "scrambled.png": replace_idat(good, bytes(scrambled)),
+        "bad_adler.png": replace_idat(good, z[:-4] + struct.pack(">I", (zlib.adler32(raw) + 1)
+                                                                   & 0xFFFFFFFF)),
+        "short.png": replace_idat(good, zlib.compress(raw[:-11])),
+        "bad_filter.png": replace_idat(good, zlib.compress(bytes(bad_filter))),
+    }
