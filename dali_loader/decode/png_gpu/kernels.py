@@ -80,6 +80,8 @@ def unfilter(buf, dst_off, width, height, bpp, status):
     s_px = bpp[i]
     stride = 1 + w * s_px
     base = dst_off[i]
+    left = cuda.local.array(4, int64)  # the pixel to the left, and the one above it
+    diag = cuda.local.array(4, int64)
     band = 0
     while band < h:
         r = band + t
@@ -89,41 +91,42 @@ def unfilter(buf, dst_off, width, height, bpp, status):
             if ft > 4:
                 status[i] = BAD_FILTER
                 ft = 0
+        for k in range(4):
+            left[k] = 0
+            diag[k] = 0
+        row = base + r * stride + 1
         for step in range(w + nt - 1):
             px = step - t
             if r < h and px >= 0 and px < w and ft != 0:
-                row = base + r * stride + 1
                 for k in range(s_px):
-                    x = px * s_px + k
-                    p = row + x
+                    p = row + px * s_px + k
                     f = int(buf[p])
-                    left = 0
                     up = 0
-                    diag = 0
-                    if x >= s_px:
-                        left = int(buf[p - s_px])
                     if r > 0:
                         up = int(buf[p - stride])
-                        if x >= s_px:
-                            diag = int(buf[p - stride - s_px])
+                    a = left[k]
+                    c = diag[k]
                     if ft == 1:
-                        v = f + left
+                        v = f + a
                     elif ft == 2:
                         v = f + up
                     elif ft == 3:
-                        v = f + ((left + up) >> 1)
+                        v = f + ((a + up) >> 1)
                     else:
-                        pa = abs(up - diag)
-                        pb = abs(left - diag)
-                        pc = abs(left + up - 2 * diag)
+                        pa = abs(up - c)
+                        pb = abs(a - c)
+                        pc = abs(a + up - 2 * c)
                         if pa <= pb and pa <= pc:
-                            pred = left
+                            pred = a
                         elif pb <= pc:
                             pred = up
                         else:
-                            pred = diag
+                            pred = c
                         v = f + pred
-                    buf[p] = v & 0xFF
+                    v = v & 0xFF
+                    buf[p] = v
+                    left[k] = v
+                    diag[k] = up
             cuda.syncthreads()
         band += nt
 
