@@ -194,3 +194,13 @@ def test_off_by_default_and_explicit_option():
         resolve_png_gpu("yes", "gpu")
     with pytest.raises(ValueError, match="Received: channels=2"):
         decode_pngs([b""], 2, backend=ZlibInflate())
+
+
+def test_large_batches_run_in_parts(tf, monkeypatch):
+    from dali_loader.decode.png_gpu import decoder
+
+    monkeypatch.setattr(decoder, "MAX_BATCH", 3)
+    pngs = list(_photo_pngs().values())
+    got = decode_pngs(pngs, 3, backend=ZlibInflate(), launch=SIM)
+    for data, img in zip(pngs, got):
+        assert np.array_equal(img, tf.io.decode_png(data, channels=3).numpy())

@@ -32,6 +32,7 @@ from dali_loader.decode.png_gpu.parse import PALETTE, RGB, RGBA, Fallback, PngLa
 from dali_loader.lazy import import_cupy, import_numba_cuda
 
 CHANNELS = (1, 3, 4)
+MAX_BATCH = 65535  # the expand kernel's grid y dimension: larger batches run in parts
 
 # Whether a GPU run has confirmed the batched PNG decoder bit-exact with libpng
 # (benchmarks/png_gpu_check, with nvCOMP). Until then nothing turns it on by
@@ -137,8 +138,9 @@ def decode_pngs(blobs: Sequence[bytes], channels: int, *, backend: InflateBacken
     launch = launch or Launch()
     todo = [i for i, p in enumerate(plans) if isinstance(p, PngLayout)]
     results: list = list(plans)
-    if todo:
-        for i, r in zip(todo, _run([plans[i] for i in todo], channels, backend, launch, executor)):
+    for s in range(0, len(todo), MAX_BATCH):
+        part = todo[s:s + MAX_BATCH]
+        for i, r in zip(part, _run([plans[i] for i in part], channels, backend, launch, executor)):
             results[i] = r
     if stats is not None:
         fb = [r.reason for r in results if isinstance(r, Fallback)]
