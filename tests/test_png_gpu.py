@@ -204,3 +204,41 @@ def test_large_batches_run_in_parts(tf, monkeypatch):
     got = decode_pngs(pngs, 3, backend=ZlibInflate(), launch=SIM)
     for data, img in zip(pngs, got):
         assert np.array_equal(img, tf.io.decode_png(data, channels=3).numpy())
+
+
+def _tf_or_error(tf, data: bytes, channels: int):
+    try:
+        return tf.io.decode_png(data, channels=channels).numpy()
+    except tf.errors.OpError:
+        return "error"
+
+
+def test_unusual_files_fall_back_and_match_tf(tf):
+    rng = np.random.default_rng(11)
+    rgb = photo(rng, 5, 6)
+    idx = np.array([[0, 1, 2, 3, 5, 6]] * 4, np.uint8)  # 5 and 6 are past PLTE's 4 entries
+    pal = rng.integers(0, 256, (4, 3), dtype=np.uint8)
+    ok = encode_png(rgb, (1,))
+    iend = ok.index(b"IEND") - 4
+    files = {
+        "index_past_plte": (encode_png(idx, (0,), palette=pal), "palette index out of range"),
+        "trns_after_idat": (ok[:iend] + chunk(b"tRNS", b"\x00\x01\x00\x02\x00\x03") + ok[iend:],
+                            "tRNS after IDAT"),
+        "trns_16bit_key": (encode_png(rgb, (1,), trns=struct.pack(">3H", 300, 1, 2)),
+                           "tRNS key out of 8-bit range"),
+        "no_iend": (ok[:iend], "no IEND chunk"),
+    }
+    stats = PngDecodeStats()
+    got = decode_pngs([d for d, _ in files.values()], 3, backend=ZlibInflate(), launch=SIM,
+                      stats=stats)
+    assert [r.reason for r in got] == [why for _, why in files.values()]
+    seen = {}
+    done = finish(got, [d for d, _ in files.values()], list(files), 3,
+                  lambda err: seen.setdefault(err.path, err))
+    for (name, (data, _)), img in zip(files.items(), done):
+        want = _tf_or_error(tf, data, 3)
+        if isinstance(want, str):
+            assert img is None and name in seen
+        else:
+            assert np.array_equal(img, want), name
+    assert stats.as_dict()["fallback"] == 4
