@@ -10,7 +10,7 @@ DALI_VERSION ?= 2.4.0
 TF_PKG ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo 'tensorflow[and-cuda]' || echo tensorflow)
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
-.PHONY: install test test-fast demo gpu-check gpu-check-tf bench clean
+.PHONY: install test test-fast demo gpu-check gpu-check-png gpu-check-tf bench clean
 
 install: $(STAMP)
 
@@ -45,6 +45,15 @@ gpu-check: install
 		echo "No GPU with Python 3.12 and numpy here. The device tool's call (run):"; \
 		$(VPY) benchmarks/gpu_ready_check/prepare.py --print-device-call; \
 	fi
+
+# The batched GPU PNG decoder's check (benchmarks/png_gpu_check/README.md): prepares the nvCOMP
+# wheels and the data here, then runs the check where a GPU and Python 3.12 are, or else
+# prints the device tool's call.
+gpu-check-png: install
+	$(VPY) benchmarks/png_gpu_check/prepare.py
+	@GPU_PY312='import sys, numpy, numba, cupy; sys.exit(sys.version_info[:2] != (3, 12))'; \
+	if nvidia-smi -L >/dev/null 2>&1 && python3 -c "$$GPU_PY312" 2>/dev/null; then bash benchmarks/png_gpu_check/run_on_device.sh; \
+	else echo "No GPU with Python 3.12, numba-cuda and CuPy here. The device tool's call (run):"; $(VPY) benchmarks/png_gpu_check/prepare.py --print-device-call; fi
 
 # The TF + DALI GPU check: GPU tests, local and gs:// benchmarks on the GPU path.
 gpu-check-tf: install

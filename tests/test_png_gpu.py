@@ -1,0 +1,244 @@
+"""The batched PNG decoder (dali_loader/decode/png_gpu) without a GPU: its kernels under
+numba-cuda's simulator, zlib standing in for nvCOMP behind the same interface.
+
+Covered files must equal `tf.io.decode_png(channels=C)` (libpng, as Keras) bit for bit;
+every other file must come back as a counted `Fallback` whose CPU decode equals TF's;
+corrupt files must be named under on_error="raise" and recorded under "skip".
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+# The simulator is chosen when numba.cuda is first imported (nothing else in the suite
+# imports numba); the variable is removed again so that no later test or subprocess sees it.
+if "numba.cuda" not in sys.modules:
+    _before = os.environ.get("NUMBA_ENABLE_CUDASIM")
+    os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
+    try:
+        pytest.importorskip("numba.cuda")
+    finally:
+        if _before is None:
+            del os.environ["NUMBA_ENABLE_CUDASIM"]
+        else:
+            os.environ["NUMBA_ENABLE_CUDASIM"] = _before
+cuda = pytest.importorskip("numba.cuda")
+
+from dali_loader.decode.png_gpu import (  # noqa: E402
+    PNG_GPU_VERIFIED, Fallback, Launch, PngDecodeStats, ZlibInflate, decode_pngs, resolve_png_gpu)
+from dali_loader.decode.png_gpu.cpu_fallback import finish  # noqa: E402
+from dali_loader.errors import CorruptImageError  # noqa: E402
+from dali_loader.feed.policy import EpochErrors, SkipReport  # noqa: E402
+from dali_loader.testing.pngs import broken_streams, chunk, encode_png, photo  # noqa: E402
+
+# Small launches: each simulated thread is a Python thread.
+SIM = Launch(adler_threads=16, unfilter_threads=8, expand_threads=1, expand_blocks=1)
+MODES = (1, 3, 4)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def simulator():
+    if not cuda.jit.__module__.startswith("numba.cuda.simulator"):
+        pytest.skip("numba.cuda was imported before NUMBA_ENABLE_CUDASIM=1 could be set")
+    # The simulator's block manager polls its threads under the GIL: a short switch
+    # interval makes each syncthreads cost microseconds instead of milliseconds.
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-4)
+    yield
+    sys.setswitchinterval(old)
+
+
+@pytest.fixture(scope="module")
+def tf():
+    from dali_loader.lazy import import_tf
+
+    return import_tf()
+
+
+def _ihdr(data: bytes) -> tuple[int, int]:
+    """(bit depth, interlace) of a PNG with a sound IHDR."""
+    return data[24], data[28]
+
+
+def _suite(pngsuite):
+    files = sorted(p for p in pngsuite.glob("*.png") if not p.name.startswith("x"))
+    return [p.name for p in files], [p.read_bytes() for p in files]
+
+
+def _raise(err):
+    raise err
+
+
+@pytest.mark.parametrize("channels", MODES)
+def test_pngsuite_bit_exact_and_fallback(pngsuite, tf, channels):
+    names, blobs = _suite(pngsuite)
+    stats = PngDecodeStats()
+    got = decode_pngs(blobs, channels, backend=ZlibInflate(), launch=SIM, stats=stats)
+    covered = [n for n, r in zip(names, got) if not isinstance(r, Fallback)]
+    eight_bit_flat = {n for n, b in zip(names, blobs) if _ihdr(b) == (8, 0)}
+    # Every 8-bit non-interlaced file is covered, except RGB -> grey with a gamma.
+    gamma = {n for n, r in zip(names, got) if isinstance(r, Fallback) and "gamma" in r.reason}
+    assert set(covered) == eight_bit_flat - gamma
+    assert len(covered) == (48 if channels == 1 else 53)
+    assert all(n.startswith("g") or n == "ccwn2c08.png" for n in gamma)
+    done = finish(got, blobs, names, channels, _raise)
+    for name, data, img in zip(names, blobs, done):
+        ref = tf.io.decode_png(data, channels=channels).numpy()
+        assert img.shape == ref.shape and np.array_equal(np.asarray(img), ref), name
+    assert stats.as_dict()["batched"] == len(covered)
+    assert stats.as_dict()["fallback"] == len(names) - len(covered)
+
+
+def _photo_pngs():
+    """Photo-like PNGs with mixed filter rows, in every colour type, with tRNS keys."""
+    rng = np.random.default_rng(7)
+    rgb = photo(rng, 9, 13)
+    grey = rgb[:, :, :1]
+    alpha = rng.integers(0, 256, rgb.shape[:2] + (1,), dtype=np.uint8)
+    pal = rng.integers(0, 256, (40, 3), dtype=np.uint8)
+    idx = rng.integers(0, 40, rgb.shape[:2], dtype=np.uint8)
+    key_rgb = struct.pack(">3H", *map(int, rgb[2, 3]))
+    noise = rng.integers(0, 256, (6, 16, 3), dtype=np.uint8)  # every grey weight matters
+    return {
+        "rgb_noise": encode_png(noise, (0, 4)),
+        "rgb_paeth": encode_png(rgb, (4,)),
+        "rgb_mixed": encode_png(rgb, (0, 1, 2, 3, 4, 3, 2)),
+        "rgb_trns": encode_png(rgb, (3, 1), trns=key_rgb),
+        "rgba_mixed": encode_png(np.concatenate([rgb, alpha], 2), (2, 4, 1, 0, 3)),
+        "grey_mixed": encode_png(grey, (1, 3, 4, 2)),
+        "grey_trns": encode_png(grey, (4, 0), trns=struct.pack(">H", int(grey[0, 0, 0]))),
+        "grey_alpha": encode_png(np.concatenate([grey, alpha], 2), (3, 4)),
+        "palette_trns": encode_png(idx, (1, 4), palette=pal, trns=bytes(range(0, 250, 10))),
+        "rgb_gamma_1": encode_png(rgb, (4, 2), extra_chunks=chunk(b"gAMA", struct.pack(">I", 100000))),
+    }
+
+
+@pytest.mark.parametrize("channels", MODES)
+def test_photos_with_every_filter_bit_exact(tf, channels):
+    pngs = _photo_pngs()
+    with ThreadPoolExecutor(2) as pool:  # the host parse and packing in threads
+        got = decode_pngs(list(pngs.values()), channels, backend=ZlibInflate(), launch=SIM,
+                          executor=pool if channels == 3 else None)
+    for name, data, img in zip(pngs, pngs.values(), got):
+        assert not isinstance(img, Fallback), (name, img)
+        ref = tf.io.decode_png(data, channels=channels).numpy()
+        assert np.array_equal(img, ref), name
+
+
+def test_significant_gamma_rgb_to_grey_differs_in_libpng_so_falls_back(tf):
+    """The one libpng transform not reproduced: RGB -> grey through gamma tables."""
+    rgb = photo(np.random.default_rng(3), 16, 16)
+    plain = encode_png(rgb, (0,))
+    gamma = encode_png(rgb, (0,), extra_chunks=chunk(b"gAMA", struct.pack(">I", 45455)))
+    assert not np.array_equal(tf.io.decode_png(plain, channels=1).numpy(),
+                              tf.io.decode_png(gamma, channels=1).numpy())
+    got = decode_pngs([gamma], 1, backend=ZlibInflate(), launch=SIM)
+    assert isinstance(got[0], Fallback) and "gamma" in got[0].reason
+    got = decode_pngs([gamma], 3, backend=ZlibInflate(), launch=SIM)  # no gamma for RGB out
+    assert np.array_equal(got[0], tf.io.decode_png(gamma, channels=3).numpy())
+
+
+def test_device_side_checks_catch_bad_streams(tf):
+    files = broken_streams(photo(np.random.default_rng(5), 12, 10))
+    stats = PngDecodeStats()
+    got = decode_pngs(list(files.values()), 3, backend=ZlibInflate(), launch=SIM, stats=stats)
+    reasons = {n: r.reason for n, r in zip(files, got) if isinstance(r, Fallback)}
+    assert set(reasons) == set(files)
+    assert "Adler-32" in reasons["bad_adler.png"]
+    assert "size" in reasons["short.png"]
+    assert reasons["bad_filter.png"] == "bad filter type"
+    assert stats.as_dict() == {"batched": 0, "fallback": 4, "fallback_reasons": {
+        r: list(reasons.values()).count(r) for r in reasons.values()}}
+
+
+def _bad_files(pngsuite) -> dict[str, bytes]:
+    files = {p.name: p.read_bytes() for p in sorted(pngsuite.glob("x*.png"))}
+    assert len(files) == 14
+    return {**files, "scrambled.png": broken_streams(photo(np.random.default_rng(5), 12, 10))["scrambled.png"]}
+
+
+def test_corrupt_files_named_under_raise(pngsuite, tf):
+    files = _bad_files(pngsuite)
+    got = decode_pngs(list(files.values()), 3, backend=ZlibInflate(), launch=SIM)
+    assert all(isinstance(r, Fallback) for r in got)
+    for (name, data), r in zip(files.items(), got):
+        with pytest.raises(CorruptImageError) as e:
+            finish([r], [data], [f"/data/{name}"], 3, EpochErrors("raise", SkipReport()))
+        assert e.value.path == f"/data/{name}" and name in str(e.value)
+
+
+def test_corrupt_files_left_out_and_recorded_under_skip(pngsuite, tf):
+    files = _bad_files(pngsuite)
+    good = encode_png(photo(np.random.default_rng(1), 6, 5), (2,))
+    names = ["good_a.png", *files, "good_b.png"]
+    blobs = [good, *files.values(), good]
+    got = decode_pngs(blobs, 4, backend=ZlibInflate(), launch=SIM)
+    report = SkipReport()
+    errors = EpochErrors("skip", report)
+    done = finish(got, blobs, names, 4, errors)
+    assert [n for n, r in zip(names, done) if r is not None] == ["good_a.png", "good_b.png"]
+    assert set(errors.skipped) == set(files) and set(report.of_kind("corrupt")) == set(files)
+    assert np.array_equal(done[0], tf.io.decode_png(good, channels=4).numpy())
+
+
+def test_off_by_default_and_explicit_option():
+    assert PNG_GPU_VERIFIED is False
+    assert resolve_png_gpu(None, "gpu") is False and resolve_png_gpu(True, "cpu") is True
+    with pytest.raises(ValueError, match="Received: png_gpu='yes'"):
+        resolve_png_gpu("yes", "gpu")
+    with pytest.raises(ValueError, match="Received: channels=2"):
+        decode_pngs([b""], 2, backend=ZlibInflate())
+
+
+def test_large_batches_run_in_parts(tf, monkeypatch):
+    from dali_loader.decode.png_gpu import decoder
+
+    monkeypatch.setattr(decoder, "MAX_BATCH", 3)
+    pngs = list(_photo_pngs().values())
+    got = decode_pngs(pngs, 3, backend=ZlibInflate(), launch=SIM)
+    for data, img in zip(pngs, got):
+        assert np.array_equal(img, tf.io.decode_png(data, channels=3).numpy())
+
+
+def _tf_or_error(tf, data: bytes, channels: int):
+    try:
+        return tf.io.decode_png(data, channels=channels).numpy()
+    except tf.errors.OpError:
+        return "error"
+
+
+def test_unusual_files_fall_back_and_match_tf(tf):
+    rng = np.random.default_rng(11)
+    rgb = photo(rng, 5, 6)
+    idx = np.array([[0, 1, 2, 3, 5, 6]] * 4, np.uint8)  # 5 and 6 are past PLTE's 4 entries
+    pal = rng.integers(0, 256, (4, 3), dtype=np.uint8)
+    ok = encode_png(rgb, (1,))
+    iend = ok.index(b"IEND") - 4
+    files = {
+        "index_past_plte": (encode_png(idx, (0,), palette=pal), "palette index out of range"),
+        "trns_after_idat": (ok[:iend] + chunk(b"tRNS", b"\x00\x01\x00\x02\x00\x03") + ok[iend:],
+                            "tRNS after IDAT"),
+        "trns_16bit_key": (encode_png(rgb, (1,), trns=struct.pack(">3H", 300, 1, 2)),
+                           "tRNS key out of 8-bit range"),
+        "no_iend": (ok[:iend], "no IEND chunk"),
+    }
+    stats = PngDecodeStats()
+    got = decode_pngs([d for d, _ in files.values()], 3, backend=ZlibInflate(), launch=SIM,
+                      stats=stats)
+    assert [r.reason for r in got] == [why for _, why in files.values()]
+    seen = {}
+    done = finish(got, [d for d, _ in files.values()], list(files), 3,
+                  lambda err: seen.setdefault(err.path, err))
+    for (name, (data, _)), img in zip(files.items(), done):
+        want = _tf_or_error(tf, data, 3)
+        if isinstance(want, str):
+            assert img is None and name in seen
+        else:
+            assert np.array_equal(img, want), name
+    assert stats.as_dict()["fallback"] == 4
