@@ -55,15 +55,16 @@ def png_decode_bound(tf, files: list[str], threads: int, rounds: int = 3) -> flo
 
 def plain_tfdata(tf, ds, image_size, rounds: int = 2) -> float:
     """Images/s of a bare tf.data pipeline over the same cached raw entries (read,
-    reshape, resize, batch 128): the reference for the loader's own overhead."""
+    reshape, resize per image, batch 128): the reference for the loader's own overhead."""
     import numpy as np
 
     from dali_loader.decode.spec import ImageSpec
     from dali_loader.decode.tf_kernels import decode_ready_like_keras, read_item
 
-    epoch = ds._dali_loader.epoch()  # pins every entry until closed
+    feed = ds._dali_loader
+    ready = feed.items.ready
+    items = [ready.pinned(p) for p in feed.index.paths]  # pinned until released below
     try:
-        items = [it for chunk in epoch for it in chunk.items]
         files = [it.file for it in items]
         offsets = np.asarray([it.offset for it in items], np.int64)
         spec = ImageSpec(*image_size)
@@ -72,7 +73,8 @@ def plain_tfdata(tf, ds, image_size, rounds: int = 2) -> float:
             num_parallel_calls=len(os.sched_getaffinity(0))).batch(128).prefetch(2)
         return max(time_epoch(((x, None) for x in bare))[0] for _ in range(rounds))
     finally:
-        epoch.close()
+        for it in items:
+            ready.release(it)
 
 
 def time_epoch(ds) -> tuple[float, int]:

@@ -76,23 +76,56 @@ def pixels_like_keras(data: bytes, path: str, channels: int, tf):
 
 def resize_like_keras(img, spec, tf):
     """Keras's resize (stretch, `crop_to_aspect_ratio` or `pad_to_aspect_ratio`)
-    and layout of decoded HxWxC pixels."""
+    and layout of decoded HxWxC pixels, or of a batch of same-size ones
+    (BxHxWxC: the same ops on a 4-D tensor, image by image the same output)."""
     size = (spec.height, spec.width)
     data_format = "channels_first" if spec.channels_first else "channels_last"
+    batched = img.shape.rank == 4
+    to_chw = (0, 3, 1, 2) if batched else (2, 0, 1)
     if spec.crop_to_aspect_ratio:
         if spec.channels_first:
-            img = tf.transpose(img, (2, 0, 1))
+            img = tf.transpose(img, to_chw)
         img = _smart_resize(img, size, spec.interpolation, data_format)
     elif spec.pad_to_aspect_ratio:
         img = tf.image.resize_with_pad(img, size[0], size[1], method=spec.interpolation)
         if spec.channels_first:
-            img = tf.transpose(img, (2, 0, 1))
+            img = tf.transpose(img, to_chw)
     else:
         img = tf.image.resize(img, size, method=spec.interpolation)
         if spec.channels_first:
-            img = tf.transpose(img, (2, 0, 1))
-    img.set_shape(spec.shape)
+            img = tf.transpose(img, to_chw)
+    img.set_shape(((None,) if batched else ()) + tuple(spec.shape))
     return img
+
+
+def resize_ready_batch(flat, shapes, spec, tf):
+    """A batch of raw pixels resized like Keras: `flat` (1-D uint8) holds each
+    image's HxWxC pixels in turn, `shapes` (Nx3 int32) their shapes. Same-size
+    images (the common case) are resized as one BxHxWxC tensor; otherwise
+    image by image. Nothing is decoded."""
+    n = tf.shape(shapes)[0]
+    dtype = tf.uint8 if spec.output_uint8 else tf.float32
+
+    def uniform():
+        img = tf.reshape(flat, tf.concat([[n], shapes[0]], 0))
+        img.set_shape((None, None, None, spec.channels))
+        return tf.cast(resize_like_keras(img, spec, tf), dtype)
+
+    def ragged():
+        ends = tf.cumsum(tf.reduce_prod(tf.cast(shapes, tf.int64), axis=1))
+        starts = ends - tf.reduce_prod(tf.cast(shapes, tf.int64), axis=1)
+
+        def one(i):
+            img = tf.reshape(flat[starts[i]:ends[i]], shapes[i])
+            img.set_shape((None, None, spec.channels))
+            return tf.cast(resize_like_keras(img, spec, tf), dtype)
+
+        return tf.map_fn(one, tf.range(n), fn_output_signature=tf.TensorSpec(spec.shape, dtype))
+
+    same = tf.reduce_all(tf.equal(shapes, shapes[:1]))
+    out = tf.cond(same, uniform, ragged)
+    out.set_shape((None, *spec.shape))
+    return out
 
 
 def _smart_resize(img, size, interpolation, data_format):

@@ -113,26 +113,9 @@ class ReadyCache:
             self.cache.unpin(item.file)
 
 
-class ReadyPinned:
-    """Item reader for TF's kernels: a pinned `RAW` entry (TF reads the file
-    itself), or the entry's bytes."""
-
-    io = True
-    holds = True
-    tallies = True
-
-    def __init__(self, ready: ReadyCache):
-        self.ready = ready
-
-    def __call__(self, path: str, tally=None) -> Pinned | bytes:
-        return self.ready.pinned(path, tally)
-
-    def release(self, item: Any) -> None:
-        self.ready.release(item)
-
-
 class ReadyBytes:
-    """Item reader for DALI: the entry's bytes (`TIFF`, decoded by DALI)."""
+    """Item reader: the entry's bytes (raw pixels for TF's kernels or DALI; or a
+    TIFF for DALI)."""
 
     io = True
     holds = False

@@ -27,17 +27,17 @@ import numpy as np
 from dali_loader.decode.dali_batches import DaliBatches
 from dali_loader.decode.dali_graph import Input, default_num_threads
 from dali_loader.decode.spec import ImageSpec
-from dali_loader.decode.ready_forms import ReadyForm, check_form_for_decoder, encode_raw
+from dali_loader.decode.ready_forms import ReadyForm, check_form_for_decoder, decode_raw
 from dali_loader.decode.tf_kernels import (
     decode_like_keras,
-    decode_ready_like_keras,
     pixels_like_keras,
     read_item,
+    resize_ready_batch,
 )
 from dali_loader.errors import CorruptImageError
 from dali_loader.feed.epochs import Feed
 from dali_loader.feed.items import CheckedBytes, Paths, Pinned, PinnedOrBytes, RawBytes, read_bytes
-from dali_loader.feed.ready import ReadyBytes, ReadyCache, ReadyPinned
+from dali_loader.feed.ready import ReadyBytes, ReadyCache
 from dali_loader.index import Index
 from dali_loader.lazy import import_tf
 from dali_loader.storage.source import Source, SourceKind
@@ -97,11 +97,10 @@ def make_loader(source: Source, index: Index, spec: ImageSpec, *, batch_size: in
                  ReadyForm.TIFF: Input.READY_TIFF}[gpu_ready]
         return DaliBatches(feed, spec, device=device, num_threads=num_threads,
                            device_id=device_id, input=input)
-    if gpu_ready is not None:
-        items = ReadyPinned(ready)
-    else:
-        items = {SourceKind.LOCAL_DISK: Paths(), SourceKind.NETWORK_FS: RawBytes(source),
-                 SourceKind.REMOTE: PinnedOrBytes(source)}[source.kind]
+    if gpu_ready is not None:  # whole batches of entries, resized as one tensor
+        return Feed(index, ReadyBytes(ready), chunk_size=batch_size, **kw)
+    items = {SourceKind.LOCAL_DISK: Paths(), SourceKind.NETWORK_FS: RawBytes(source),
+             SourceKind.REMOTE: PinnedOrBytes(source)}[source.kind]
     # TF batches again after decoding: small chunks let decoding start on the
     # first files of an epoch instead of waiting for a whole batch.
     return Feed(index, items, chunk_size=min(batch_size, TF_CHUNK), **kw)
@@ -158,9 +157,13 @@ def to_tf_dataset(loader: DaliBatches | Feed, spec: ImageSpec, batch_size: int |
         ds.resume_at = functools.partial(_resume_at, loader, spec, batch_size, label_mode,
                                          num_classes, num_threads, handoff)
         return ds
+    audits = None
     if isinstance(loader, DaliBatches):
         ds = _dali_dataset(tf, loader, spec, batch_size, which)
         feed = loader.feed
+    elif isinstance(loader.items, ReadyBytes):
+        ds = _ready_dataset(tf, loader, spec, batch_size, num_threads, which)
+        feed = loader
     else:
         ds, audits = _tf_kernel_dataset(tf, loader, spec, batch_size, num_threads, which)
         feed = loader
@@ -175,7 +178,7 @@ def to_tf_dataset(loader: DaliBatches | Feed, spec: ImageSpec, batch_size: int |
         ds = ds.apply(tf.data.experimental.assert_cardinality(size))
     ds = ds.prefetch(tf.data.AUTOTUNE)
     ds._dali_loader = loader
-    if feed is loader:
+    if audits is not None:
         ds._dali_audits = audits  # live iterations of the TF path (tests read it)
     ds.close = loader.close
     ds.seek = feed.seek
@@ -244,9 +247,7 @@ class _TFKernelEpochs:
         self.spec = spec
         self.which = which
         self.registry = AuditRegistry()
-        # The end-of-epoch marker must survive the decode it rides through.
-        self.marker = (encode_raw(np.zeros((1, 1, spec.channels), np.uint8))
-                       if isinstance(feed.items, ReadyPinned) else END_MARKER)
+        self.marker = END_MARKER  # it must survive the decode it rides through
 
     def diagnose(self, path: str) -> Exception:
         """Why TF dropped `path`: read it again, decode it eagerly."""
@@ -303,9 +304,9 @@ def _tf_kernel_dataset(tf, feed: Feed, spec: ImageSpec, batch_size: int | None,
     ds = tf.data.Dataset.from_generator(_weakly(epochs, "epoch", lambda: iter(())),
                                         output_signature=sig)
     ds._dali_epochs = epochs  # held by every dataset and iterator derived from it
-    decode = decode_ready_like_keras if isinstance(feed.items, ReadyPinned) else decode_like_keras
     ds = ds.unbatch().map(
-        lambda data, off, y, pos, tok: (decode(read_item(tf, data, off), spec, tf), y, pos, tok),
+        lambda data, off, y, pos, tok: (decode_like_keras(read_item(tf, data, off), spec, tf),
+                                        y, pos, tok),
         # One decode per core (or per `num_threads`) from the first batch
         # on: AUTOTUNE ramps up over a few batches, which short epochs feel.
         num_parallel_calls=num_threads or default_num_threads(),
@@ -326,3 +327,42 @@ def _tf_kernel_dataset(tf, feed: Feed, spec: ImageSpec, batch_size: int | None,
 
     ds = ds.batch(batch_size or 32).map(audit).filter(lambda x, y: tf.shape(x)[0] > 0)
     return (ds.unbatch() if batch_size is None else ds), epochs.registry
+
+
+class _ReadyEpochs:
+    """What the GPU-ready cache's generator calls on the TF path, once per iterator:
+    whole batches of raw entries, as one flat uint8 buffer and the images' shapes."""
+
+    def __init__(self, feed: Feed, which: tuple[int | None, int]):
+        self.feed = feed
+        self.which = which
+
+    def epoch(self):
+        epoch = self.feed.epoch(*self.which)
+        try:
+            while (chunk := epoch.next_chunk()) is not None:
+                pixels = [decode_raw(entry) for entry in chunk.items]  # views, no copy
+                flat = np.concatenate([px.reshape(-1) for px in pixels])  # the one copy
+                shapes = np.asarray([px.shape for px in pixels], np.int32)
+                labels = epoch.labels(chunk.positions)
+                yield flat, shapes, (np.zeros(len(pixels), np.int32) if labels is None
+                                     else labels.astype(np.int32))
+        finally:
+            epoch.close()
+
+
+def _ready_dataset(tf, feed: Feed, spec: ImageSpec, batch_size: int | None,
+                   num_threads: int | None, which: tuple[int | None, int]):
+    """The TF path over the GPU-ready cache's raw entries: nothing to decode,
+    so no audit; a batch of same-size images is resized as one tensor (one
+    output allocation per batch instead of one per image and op)."""
+    epochs = _ReadyEpochs(feed, which)
+    sig = (tf.TensorSpec((None,), tf.uint8), tf.TensorSpec((None, 3), tf.int32),
+           tf.TensorSpec((None,), tf.int32))
+    # TF calls the generator once per iterator: one independent epoch each.
+    ds = tf.data.Dataset.from_generator(_weakly(epochs, "epoch", lambda: iter(())),
+                                        output_signature=sig)
+    ds._dali_epochs = epochs  # held by every dataset and iterator derived from it
+    ds = ds.map(lambda flat, shapes, y: (resize_ready_batch(flat, shapes, spec, tf), y),
+                num_parallel_calls=num_threads or default_num_threads(), deterministic=True)
+    return ds.unbatch() if batch_size is None else ds
