@@ -68,7 +68,9 @@ def test_verdict_decode_quotes_the_cached_epoch():
     cache = [a for a in v["advice"] if "GPU-ready cache" in a]
     assert len(cache) == 1, v["advice"]
     text = cache[0]
-    assert "gpu_ready=True" in text and "dali-loader prefetch /data --gpu-ready" in text
+    assert "gpu_ready=True" in text
+    assert "dali-loader prefetch /data --gpu-ready --cache-dir DIR" in text
+    assert f"about {450e3 * m.num_files / 1e6:,.1f} MB for all {m.num_files:,} files" in text
     cpu = 1 / (1 / 340 + 1 / 1800)  # PNG decode + resize on all cores: 286 img/s
     assert f"{cpu:,.0f} img/s with PNG decode" in text and "286 img/s with PNG decode" in text
     assert "1,234 img/s for a cached epoch's decode+resize" in text

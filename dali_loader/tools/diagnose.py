@@ -179,10 +179,14 @@ def _cache_advice(m: Measurements, cpu: float, cons: float, lifts: bool) -> str:
     if m.cached_object_bytes and m.mean_object_bytes:
         size = (f"; its raw-pixel entries take {m.cached_object_bytes / m.mean_object_bytes:.1f}x "
                 f"the source's bytes on local disk")
-    text = (f"The GPU-ready cache (gpu_ready=True, or `dali-loader prefetch {m.source} "
-            f"--gpu-ready`) removes the PNG decode from every epoch after the first: measured "
-            f"here {cached:,.0f} img/s for a cached epoch's decode+resize against {cpu:,.0f} "
-            f"img/s with PNG decode, on {m.cores} cores{size}.")
+    if m.cached_object_bytes and m.num_files:
+        size += (f", about {_fmt_bytes(m.cached_object_bytes * m.num_files)} for all "
+                 f"{m.num_files:,} files (bound it with cache_max_bytes)")
+    text = (f"The GPU-ready cache (gpu_ready=True, cache_dir=DIR; fill it ahead with "
+            f"`dali-loader prefetch {m.source} --gpu-ready --cache-dir DIR`) removes the PNG "
+            f"decode from every epoch after the first, on the CPU and on the GPU path alike: "
+            f"measured here {cached:,.0f} img/s for a cached epoch's decode+resize against "
+            f"{cpu:,.0f} img/s with PNG decode, on {m.cores} cores{size}.")
     if not lifts:
         return text + (" It would not lift the decode bound here (a cached epoch still "
                        "resizes every image, and that dominates): store images pre-resized "
@@ -191,6 +195,13 @@ def _cache_advice(m: Measurements, cpu: float, cons: float, lifts: bool) -> str:
     if cons < cached:
         text += f"; the consumer ({_fmt_rate(cons)}) would then bound"
     return text + "."
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6)):
+        if n >= scale:
+            return f"{n / scale:,.1f} {unit}"
+    return f"{n / 1e3:,.0f} KB"
 
 
 # ----------------------------------------------------------------------------- measuring
