@@ -55,11 +55,16 @@ def encode_raw(pixels: np.ndarray) -> bytes:
     return RAW_MAGIC + struct.pack("<III", h, w, c) + pixels.tobytes()
 
 
+def raw_shape(head: bytes) -> tuple[int, int, int]:
+    """(height, width, channels) from a raw entry's first `RAW_HEADER` bytes."""
+    if len(head) < RAW_HEADER or head[:4] != RAW_MAGIC:
+        raise ValueError("Not a raw pixel entry (bad magic).")
+    return struct.unpack("<III", head[4:RAW_HEADER])
+
+
 def decode_raw(data: bytes) -> np.ndarray:
     """The pixels of `encode_raw`'s output (a view, no copy)."""
-    if len(data) < RAW_HEADER or data[:4] != RAW_MAGIC:
-        raise ValueError("Not a raw pixel entry (bad magic).")
-    h, w, c = struct.unpack("<III", data[4:RAW_HEADER])
+    h, w, c = raw_shape(data)
     if len(data) != RAW_HEADER + h * w * c:
         raise ValueError(f"Raw pixel entry of {len(data)} bytes does not hold {h}x{w}x{c} pixels.")
     return np.frombuffer(data, np.uint8, offset=RAW_HEADER).reshape(h, w, c)

@@ -21,6 +21,7 @@ applies as for any reader.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -111,6 +112,35 @@ class ReadyCache:
     def release(self, item: Any) -> None:
         if isinstance(item, Pinned):
             self.cache.unpin(item.file)
+
+
+class ReadyPinned:
+    """Item reader for a consumer that reads entries itself (the TF path's batch
+    reader): a pinned entry, which the kernel is asked to read ahead
+    (`POSIX_FADV_WILLNEED`), or the entry's bytes when it cannot be pinned."""
+
+    io = True
+    holds = True
+    tallies = True
+
+    def __init__(self, ready: ReadyCache):
+        self.ready = ready
+
+    def __call__(self, path: str, tally=None) -> Pinned | bytes:
+        item = self.ready.pinned(path, tally)
+        if isinstance(item, Pinned) and hasattr(os, "posix_fadvise"):
+            try:
+                fd = os.open(item.file, os.O_RDONLY)
+                try:
+                    os.posix_fadvise(fd, item.offset, 0, os.POSIX_FADV_WILLNEED)
+                finally:
+                    os.close(fd)
+            except OSError:  # only a hint
+                pass
+        return item
+
+    def release(self, item: Any) -> None:
+        self.ready.release(item)
 
 
 class ReadyBytes:

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import functools
 import struct
+import sys
+import threading
 import zlib
 
 import numpy as np
@@ -27,7 +29,13 @@ import numpy as np
 from dali_loader.decode.dali_batches import DaliBatches
 from dali_loader.decode.dali_graph import Input, default_num_threads
 from dali_loader.decode.spec import ImageSpec
-from dali_loader.decode.ready_forms import ReadyForm, check_form_for_decoder, decode_raw
+from dali_loader.decode.ready_forms import (
+    RAW_HEADER,
+    ReadyForm,
+    check_form_for_decoder,
+    decode_raw,
+    raw_shape,
+)
 from dali_loader.decode.tf_kernels import (
     decode_like_keras,
     pixels_like_keras,
@@ -37,7 +45,7 @@ from dali_loader.decode.tf_kernels import (
 from dali_loader.errors import CorruptImageError
 from dali_loader.feed.epochs import Feed
 from dali_loader.feed.items import CheckedBytes, Paths, Pinned, PinnedOrBytes, RawBytes, read_bytes
-from dali_loader.feed.ready import ReadyBytes, ReadyCache
+from dali_loader.feed.ready import ReadyBytes, ReadyCache, ReadyPinned
 from dali_loader.index import Index
 from dali_loader.lazy import import_tf
 from dali_loader.storage.source import Source, SourceKind
@@ -98,7 +106,7 @@ def make_loader(source: Source, index: Index, spec: ImageSpec, *, batch_size: in
         return DaliBatches(feed, spec, device=device, num_threads=num_threads,
                            device_id=device_id, input=input)
     if gpu_ready is not None:  # whole batches of entries, resized as one tensor
-        return Feed(index, ReadyBytes(ready), chunk_size=batch_size, **kw)
+        return Feed(index, ReadyPinned(ready), chunk_size=batch_size, **kw)
     items = {SourceKind.LOCAL_DISK: Paths(), SourceKind.NETWORK_FS: RawBytes(source),
              SourceKind.REMOTE: PinnedOrBytes(source)}[source.kind]
     # TF batches again after decoding: small chunks let decoding start on the
@@ -161,7 +169,7 @@ def to_tf_dataset(loader: DaliBatches | Feed, spec: ImageSpec, batch_size: int |
     if isinstance(loader, DaliBatches):
         ds = _dali_dataset(tf, loader, spec, batch_size, which)
         feed = loader.feed
-    elif isinstance(loader.items, ReadyBytes):
+    elif isinstance(loader.items, ReadyPinned):
         ds = _ready_dataset(tf, loader, spec, batch_size, num_threads, which)
         feed = loader
     else:
@@ -329,24 +337,86 @@ def _tf_kernel_dataset(tf, feed: Feed, spec: ImageSpec, batch_size: int | None,
     return (ds.unbatch() if batch_size is None else ds), epochs.registry
 
 
+class _BatchBuffers:
+    """Reused, 64-byte aligned uint8 buffers for the batches handed to TF.
+
+    TF shares an aligned numpy buffer's memory instead of copying it, and holds
+    a reference to it while any tensor uses it. A buffer is reused only when the
+    pool holds the one reference left, so a batch still in TF's hands is never
+    written; otherwise a new one is made. Reuse spares the fresh pages a new
+    buffer costs on every batch (docs/gpu_ready.md)."""
+
+    ALIGN = 64
+
+    def __init__(self, keep: int = 6):
+        self.keep = keep
+        self._pool: list[np.ndarray] = []
+        self._lock = threading.Lock()
+
+    def take(self, nbytes: int) -> np.ndarray:
+        """A 1-D uint8 array of `nbytes`, aligned, that nothing else uses."""
+        with self._lock:
+            for k, base in enumerate(self._pool):
+                # Two references: the pool's list and getrefcount's argument.
+                if base.size >= nbytes + self.ALIGN and sys.getrefcount(base) == 2:
+                    break
+            else:
+                base = np.empty(nbytes + nbytes // 8 + self.ALIGN, np.uint8)
+                if len(self._pool) < self.keep:
+                    self._pool.append(base)
+                elif self._pool:  # replace the smallest: sizes follow the data
+                    small = min(range(len(self._pool)), key=lambda i: self._pool[i].size)
+                    self._pool[small] = base
+        start = (-base.__array_interface__["data"][0]) % self.ALIGN
+        return base[start:start + nbytes]
+
+
+def _read_entry_into(item, out: np.ndarray) -> None:
+    """Copies a raw entry's pixels (a pinned file, or bytes) into `out`."""
+    if isinstance(item, Pinned):
+        with open(item.file, "rb") as f:
+            f.seek(item.offset + RAW_HEADER)
+            if f.readinto(memoryview(out)) != out.size:
+                raise OSError(f"short read of the cache entry {item.file}")
+    else:
+        out[:] = decode_raw(item).reshape(-1)
+
+
+def _entry_shape(item) -> tuple[int, int, int]:
+    if isinstance(item, Pinned):
+        with open(item.file, "rb") as f:
+            f.seek(item.offset)
+            head = f.read(RAW_HEADER)
+    else:
+        head = item[:RAW_HEADER]
+    return raw_shape(head)
+
+
 class _ReadyEpochs:
     """What the GPU-ready cache's generator calls on the TF path, once per iterator:
-    whole batches of raw entries, as one flat uint8 buffer and the images' shapes."""
+    whole batches of raw entries, read into one reused buffer (one copy, from the
+    page cache), with the images' shapes."""
 
     def __init__(self, feed: Feed, which: tuple[int | None, int]):
         self.feed = feed
         self.which = which
+        self.buffers = _BatchBuffers()
 
     def epoch(self):
         epoch = self.feed.epoch(*self.which)
         try:
             while (chunk := epoch.next_chunk()) is not None:
-                pixels = [decode_raw(entry) for entry in chunk.items]  # views, no copy
-                flat = np.concatenate([px.reshape(-1) for px in pixels])  # the one copy
-                shapes = np.asarray([px.shape for px in pixels], np.int32)
+                shapes = np.asarray([_entry_shape(it) for it in chunk.items], np.int32)
+                sizes = np.prod(shapes, axis=1)
+                flat = self.buffers.take(int(sizes.sum()))
+                ends = np.cumsum(sizes)
+                for item, end, size in zip(chunk.items, ends, sizes):
+                    _read_entry_into(item, flat[end - size:end])
+                epoch.release(chunk.positions)
                 labels = epoch.labels(chunk.positions)
-                yield flat, shapes, (np.zeros(len(pixels), np.int32) if labels is None
+                yield flat, shapes, (np.zeros(len(shapes), np.int32) if labels is None
                                      else labels.astype(np.int32))
+                del flat  # only TF may hold it now
         finally:
             epoch.close()
 
