@@ -43,8 +43,10 @@ step() {
   fi
 }
 
-step "gpu tests" 300 gpu_tests.log \
+step "gpu tests" 180 gpu_tests.log \
   $PY -m pytest -q -m gpu tests/test_gpu.py tests/test_plugin.py tests/test_gpu_ready.py -ra
+step "Keras scripts on every path (the GPU paths join on a GPU)" 120 keras_scripts.log \
+  $PY -m pytest -q tests/test_keras_scripts.py -ra
 step "local benchmark (seed pipeline vs loader on CPU and GPU)" 120 bench_local.log \
   $PY benchmarks/bench_local.py --num-images 1024 --rounds 2 --json "$OUT/bench_local.json"
 step "gs:// benchmark (issue 3's targets on this machine's cores)" 120 bench_gcs_loader.log \

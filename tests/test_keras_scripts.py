@@ -33,6 +33,14 @@ PATHS = {
     "dali-plugin-cached": dict(decoder="dali", handoff="plugin", gpu_ready=True),
     "dali-plugin-tiff": dict(decoder="dali", handoff="plugin", gpu_ready="tiff"),
 }
+# On a machine where TF and DALI see a GPU (make gpu-check-tf), the GPU paths too.
+if tf.config.list_physical_devices("GPU"):
+    from dali_loader.decode.devices import dali_gpu_count
+
+    if dali_gpu_count():
+        PATHS.update({"gpu-default": dict(device="gpu"),
+                      "gpu-cached": dict(device="gpu", gpu_ready=True),
+                      "gpu-generator": dict(device="gpu", handoff="generator")})
 KW = dict(image_size=(8, 8), batch_size=5, shuffle=False, verbose=False)  # 23 files: 5 batches
 
 

@@ -132,7 +132,7 @@ def _png_header(path):
     return depth, color, gamma
 
 
-# The DALI path's documented differences from Keras on PngSuite (README, "Known
+# The DALI path's documented differences from Keras on PngSuite (docs/parity.md, "Known
 # differences"), as mean absolute difference (0-255) per file at 20x45.
 GAMMA_GREY_BOUND = 38.5  # grayscale from colour PNGs with gAMA != 1: libpng applies it
 ROUNDING_16BIT_BOUND = 0.6  # rgb/grayscale from 16-bit PNGs: DALI rounds, libpng truncates
@@ -222,7 +222,7 @@ def test_dali_path_ignores_exif_orientation_like_keras(tmp_path, color_mode):
     for path, e in errs.items():
         if color_mode == "rgb":  # the same libjpeg IDCT and upsampling: float rounding only
             assert e < FLOAT_BOUND, (path, e)
-        else:  # libjpeg's Y channel vs BT.601 on the decoded RGB (README)
+        else:  # libjpeg's Y channel vs BT.601 on the decoded RGB (docs/parity.md)
             assert e < 1.0, (path, e)
 
 
@@ -247,7 +247,7 @@ def test_messy_tree_pixels_close_to_keras(messy_tree, decoder):
 
 
 # The DALI (GPU) path: interpolations DALI has no exact filter for use the closest
-# one, with the mean absolute difference from Keras (0-255) bounded as the README
+# one, with the mean absolute difference from Keras (0-255) bounded as docs/parity.md
 # states. The default CPU path uses TF's kernels and is exact for all of them.
 APPROXIMATE = {"area": 2.0, "gaussian": 3.0, "lanczos3": 0.2, "lanczos5": 1.0,
                "mitchellcubic": 1.5}

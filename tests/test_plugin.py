@@ -197,15 +197,20 @@ from test_gpu import needs_gpu  # noqa: E402
 
 @pytest.mark.gpu
 @needs_gpu
-def test_gpu_batches_and_labels_are_on_the_gpu_and_match_the_cpu(photo_tree):
+@pytest.mark.parametrize("handoff,where", [(None, "CPU"), ("plugin-gpu", "GPU")])
+def test_gpu_batches_placed_by_the_handoff_match_the_cpu(photo_tree, handoff, where):
+    """The default hands DALI's GPU batches over on the host (and a `map` after it
+    runs); plugin-gpu keeps them on the GPU. Pixels as the CPU path's, both."""
     args = dict(label_mode="int", image_size=(48, 64), batch_size=8, shuffle=False,
                 verbose=False)
-    gpu = ours(str(photo_tree), device="gpu", **args)
+    gpu = ours(str(photo_tree), device="gpu", handoff=handoff, **args)
     assert gpu._dali_loader.device == "gpu"
     assert gpu.element_spec[0].shape[1:] == (48, 64, 3)
     got = list(gpu)
     for x, y in got:
-        assert "GPU" in x.device and "GPU" in y.device, (x.device, y.device)
+        assert where in x.device and where in y.device, (x.device, y.device)
+    if handoff is None:
+        assert int(gpu.map(lambda x, y: (x, y)).cardinality()) == 3
     cpu = [(x.numpy(), y.numpy()) for x, y in ours(str(photo_tree), device="cpu", **args)]
     assert len(got) == len(cpu) == 3
     for (x, y), (cx, cy) in zip(got, cpu):
@@ -222,7 +227,8 @@ import warnings, numpy as np, keras
 from tf_adapter import image_dataset_from_directory
 train, val = image_dataset_from_directory({str(photo_tree)!r}, image_size=(64, 64), batch_size=8,
                                           validation_split=0.25, subset="both", seed=1)
-assert train._dali_loader.device == "gpu" and type(train).__name__ == "PluginDataset"
+assert train._dali_loader.device == "gpu" and type(train).__name__ == "NamingDataset"
+train = train.map(lambda x, y: (keras.layers.RandomFlip()(x, training=True), y)).prefetch(2)
 m = keras.Sequential([keras.Input((64, 64, 3)), keras.layers.Conv2D(8, 3),
                       keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(3)])
 m.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))

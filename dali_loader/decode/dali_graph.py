@@ -32,7 +32,7 @@ _READY_TYPES = {1: "GRAY", 3: "RGB", 4: "ANY_DATA"}
 def _interp(dali, name: str) -> tuple[Any, bool]:
     """DALI's filter for a Keras interpolation. bilinear, nearest, bicubic and
     lanczos3 match TF's; the others are the closest DALI filter (the measured
-    differences are in the README)."""
+    differences are in docs/parity.md)."""
     t = dali.types
     table = {
         "bilinear": (t.INTERP_LINEAR, False),

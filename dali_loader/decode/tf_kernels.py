@@ -1,6 +1,6 @@
 """TensorFlow's own kernels, as Keras's loader uses them: bit-identical decode and resize.
 
-On a CPU-only machine these beat DALI's CPU decode and resize (README, "Why TF
+On a CPU-only machine these beat DALI's CPU decode and resize (docs/benchmarks.md, "Why TF
 kernels on the CPU"). TensorFlow is passed in (imported lazily by the caller).
 """
 

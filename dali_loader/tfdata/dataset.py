@@ -6,7 +6,7 @@ Two decode paths behind one dataset:
   `from_generator`, one Python call per batch (`Handoff`).
 - TensorFlow's own kernels (the CPU default): on a CPU-only machine DALI's PNG
   decoder is no faster than TF's and its resize costs about twice as much
-  (README, "Why TF kernels on the CPU"), so the feed does the I/O (index,
+  (docs/benchmarks.md, "Why TF kernels on the CPU"), so the feed does the I/O (index,
   read-ahead, gs:// cache) and TF decodes with the ops of Keras's
   `_load_image_tf`: bit-identical to Keras, for every option. Files TF's
   decoder rejects are dropped by `ignore_errors()` and named by the audit.
