@@ -1,0 +1,140 @@
+"""A dataset with no Python in its element path: a graph a tf.data service worker can run.
+
+The index is three constant tensors (paths, labels) and each epoch's order is
+`stateless_shuffle(range(n), seed=(seed, key))`, where `key` is the next value
+of `Dataset.random(seed, rerandomize_each_iteration=True)`: each `iter()` of
+the dataset is the next epoch (the same sequence for the same `seed`), as
+Keras's `shuffle(reshuffle_each_iteration=True)` does. The element path has ONE
+source, the epoch's order (`from_tensor_slices`), so dynamic sharding splits
+positions, and a file's path and label are gathered from the same position:
+an image cannot meet another file's label (zipping a paths source and a labels
+source can, under `distributed_epoch`; issue 18).
+
+Worker side (`worker_dataset`): read (`max_in_flight` at once), decode and
+resize with the ops of Keras's loader (`decode.tf_kernels.decode_like_keras`,
+bit-exact), batch into transfer batches. A file that fails to read or decode
+becomes a zero image flagged `ok=False` (one element per position, always),
+never an error in the worker: the trainer decides (`on_error`).
+
+Trainer side (`graph_dataset`): each batch is recorded in an `EpochTally`
+(one Python call per batch, on the trainer only: what arrived, exactly once or
+not; a bad file raises naming it, or is skipped and counted), bad rows
+dropped, then `rebatch(batch_size)`: Keras's batches, one partial batch at the
+end, whatever transfer batches the workers sent.
+"""
+
+from __future__ import annotations
+
+import math
+
+from dali_loader.decode.spec import ImageSpec
+from dali_loader.decode.tf_kernels import decode_like_keras
+from dali_loader.index import Index
+from dali_loader.lazy import import_tf
+from dali_loader.tfdata.epoch_tally import EpochTally
+
+TRANSFER_BATCH = 32  # elements per worker batch when the dataset is unbatched (batch_size=None)
+
+
+def epoch_keys(tf, seed: int):
+    """One int64 per iteration, a new one each `iter()`, the same sequence for a `seed`."""
+    return tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True).take(1)
+
+
+def _guarded(tf, fn, fallback):
+    """`x -> a dataset of exactly one element`: `fn(*x)`, or `fallback(*x)` when `fn` fails."""
+    def one(*x):
+        done = tf.data.Dataset.from_tensors(x).map(fn).ignore_errors(log_warning=True)
+        return done.concatenate(tf.data.Dataset.from_tensors(x).map(fallback)).take(1)
+    return one
+
+
+def worker_dataset(tf, paths, labels, key, spec: ImageSpec, *, seed: int, shuffle: bool,
+                   transfer_batch: int, max_in_flight: int, num_threads: int | None,
+                   deterministic: bool):
+    """One epoch's elements, in transfer batches of `(images, labels, positions, ok)`.
+
+    Pure TensorFlow ops (no Python), so the tf.data service can run it. `paths`
+    and `labels` are constant tensors; `key` the epoch's key.
+    """
+    n = int(paths.shape[0])
+    order = tf.range(n, dtype=tf.int32)
+    if shuffle:
+        order = tf.random.experimental.stateless_shuffle(
+            order, seed=tf.stack([tf.constant(seed, tf.int64), tf.cast(key, tf.int64)]))
+    decode_calls = num_threads or tf.data.AUTOTUNE  # AUTOTUNE: each worker's own cores
+
+    def read(pos):
+        return pos, tf.io.read_file(tf.gather(paths, pos))
+
+    def unread(pos):
+        return pos, tf.constant(b"")
+
+    def decode(pos, data):
+        return decode_like_keras(data, spec, tf), tf.gather(labels, pos), pos, tf.constant(True)
+
+    def undecoded(pos, data):
+        del data
+        return tf.zeros(spec.shape, tf.float32), tf.gather(labels, pos), pos, tf.constant(False)
+
+    ds = tf.data.Dataset.from_tensor_slices(order)
+    ds = ds.interleave(_guarded(tf, read, unread), cycle_length=max_in_flight, block_length=1,
+                       num_parallel_calls=max_in_flight, deterministic=deterministic)
+    ds = ds.interleave(_guarded(tf, decode, undecoded),
+                       cycle_length=num_threads or tf.data.AUTOTUNE, block_length=1,
+                       num_parallel_calls=decode_calls, deterministic=deterministic)
+    return ds.batch(transfer_batch)
+
+
+def graph_dataset(index: Index, spec: ImageSpec, batch_size: int | None, label_mode: str | None,
+                  num_classes: int, *, seed: int, shuffle: bool, on_error: str,
+                  max_in_flight: int, num_threads: int | None, distribute=None):
+    """Keras's dataset from a graph with no Python in its element path.
+
+    Args:
+        distribute: None (the graph runs in this process) or a function
+            `dataset -> dataset` run on each epoch's worker dataset (the
+            tf.data service: `tfdata.service.distributor`).
+
+    Returns:
+        A `tf.data.Dataset` with `.tally` (an `EpochTally`: per epoch, files
+        delivered, skipped, missing, repeated). Cardinality: Keras's
+        (`ceil(files / batch_size)`) with `on_error="raise"`, where a short
+        epoch is an error; unknown with `"skip"`.
+    """
+    tf = import_tf()
+    n = len(index)
+    paths = tf.constant(list(index.paths), tf.string)
+    label_values = index.labels if index.labels is not None else [0] * n
+    labels = tf.constant(label_values, tf.int32, shape=(n,))
+    tally = EpochTally(list(index.paths), on_error)
+    transfer = batch_size or TRANSFER_BATCH
+
+    def epoch(key):
+        ds = worker_dataset(tf, paths, labels, key, spec, seed=seed, shuffle=shuffle,
+                            transfer_batch=transfer, max_in_flight=max_in_flight,
+                            num_threads=num_threads, deterministic=distribute is None)
+        if distribute is not None:
+            ds = distribute(ds)
+        return ds.map(lambda x, y, pos, ok: (x, y, pos, ok, key))
+
+    def check(x, y, pos, ok, key):
+        seen = tf.numpy_function(tally.record, [key, pos, ok], tf.int64, stateful=True)
+        with tf.control_dependencies([seen]):
+            keep = tf.identity(ok)
+        return tf.boolean_mask(x, keep), tf.boolean_mask(y, keep)
+
+    ds = epoch_keys(tf, seed).flat_map(epoch).map(check)
+    ds = ds.rebatch(batch_size) if batch_size else ds.unbatch()
+    if label_mode is None:
+        ds = ds.map(lambda x, y: x)
+    elif label_mode == "categorical":
+        ds = ds.map(lambda x, y: (x, tf.one_hot(y, num_classes)))
+    elif label_mode == "binary":
+        ds = ds.map(lambda x, y: (x, tf.expand_dims(tf.cast(y, "float32"), -1)))
+    if on_error == "raise":
+        ds = ds.apply(tf.data.experimental.assert_cardinality(
+            math.ceil(n / batch_size) if batch_size else n))
+    ds = ds.prefetch(tf.data.AUTOTUNE)
+    ds.tally = tally
+    return ds
