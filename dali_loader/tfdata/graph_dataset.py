@@ -63,6 +63,8 @@ def worker_dataset(tf, paths, labels, key, spec: ImageSpec, *, seed: int, shuffl
         order = tf.random.experimental.stateless_shuffle(
             order, seed=tf.stack([tf.constant(seed, tf.int64), tf.cast(key, tf.int64)]))
     decode_calls = num_threads or tf.data.AUTOTUNE  # AUTOTUNE: each worker's own cores
+    dtype = tf.function(lambda d: decode_like_keras(d, spec, tf)).get_concrete_function(
+        tf.TensorSpec((), tf.string)).structured_outputs.dtype  # float32; uint8 for "nearest"
 
     def read(pos):
         return pos, tf.io.read_file(tf.gather(paths, pos))
@@ -75,7 +77,7 @@ def worker_dataset(tf, paths, labels, key, spec: ImageSpec, *, seed: int, shuffl
 
     def undecoded(pos, data):
         del data
-        return tf.zeros(spec.shape, tf.float32), tf.gather(labels, pos), pos, tf.constant(False)
+        return tf.zeros(spec.shape, dtype), tf.gather(labels, pos), pos, tf.constant(False)
 
     ds = tf.data.Dataset.from_tensor_slices(order)
     ds = ds.interleave(_guarded(tf, read, unread), cycle_length=max_in_flight, block_length=1,
