@@ -9,9 +9,7 @@ policies, a worker SIGKILLed mid-epoch and restarted, and a clean stop.
 
 from __future__ import annotations
 
-import collections
-import math
-import os
+import pathlib
 import re
 import subprocess
 import sys
@@ -27,12 +25,13 @@ keras = pytest.importorskip("keras")
 
 from dali_loader.api import open_index  # noqa: E402
 from dali_loader.decode.spec import ImageSpec  # noqa: E402
-from dali_loader.testing.cluster import free_ports  # noqa: E402
+from dali_loader.testing.cluster import free_ports, run_processes  # noqa: E402
 from dali_loader.testing.service_cluster import LoopbackService  # noqa: E402
 from dali_loader.tfdata.graph_dataset import graph_dataset  # noqa: E402
 from tf_adapter import image_dataset_from_directory  # noqa: E402
 
 SIZE = (24, 32)
+HERE = pathlib.Path(__file__).resolve().parent
 
 
 def keras_elements(root, **kw):
@@ -168,6 +167,20 @@ def test_pixels_and_labels_are_keras_across_workers(service, photo_tree):
     assert sorted(second) == want
     assert first != second  # a new order each epoch
     assert [len(b) for b, _ in ds.as_numpy_iterator()] == [4] * 5 + [1]  # Keras's batches
+
+
+def test_mirrored_strategy_fit_reads_the_service(service, photo_tree, tmp_path):
+    """One trainer, 2 replicas (MirroredStrategy, 2 logical CPUs): Keras splits the
+    service's batches; every file once per epoch."""
+    [result] = run_processes(
+        lambda i, out: [sys.executable, str(HERE / "service_mirrored_worker.py"), service.target,
+                        str(photo_tree), out],
+        1, "mirrored", str(tmp_path), timeout=240, cwd=str(HERE.parent))
+    assert result["replicas"] == 2 and len(result["loss"]) == 2
+    # Keras under a strategy opens one more iteration than `epochs` (each one whole)
+    assert len(result["epochs"]) >= 2
+    for e in result["epochs"]:
+        assert (e["delivered"], e["missing"], e["repeated"]) == (result["files"], 0, 0)
 
 
 def test_bad_file_raise_names_it_in_the_trainers_error(service, bad_tree):

@@ -10,9 +10,11 @@ positions, and a file's path and label are gathered from the same position:
 an image cannot meet another file's label (zipping a paths source and a labels
 source can, under `distributed_epoch`; issue 18).
 
-Worker side (`worker_dataset`): read (`max_in_flight` at once), decode and
-resize with the ops of Keras's loader (`decode.tf_kernels.decode_like_keras`,
-bit-exact), batch into transfer batches. A file that fails to read or decode
+Worker side (`worker_dataset`): read, decode and resize with the ops of
+Keras's loader (`decode.tf_kernels.decode_like_keras`, bit-exact), one guarded
+step per file, `max_in_flight` at once for remote or FUSE/network files (reads
+wait on latency), else `num_threads` (default AUTOTUNE: each worker's cores);
+batch into transfer batches. A file that fails to read or decode
 becomes a zero image flagged `ok=False` (one element per position, always),
 never an error in the worker: the trainer decides (`on_error`).
 
@@ -26,11 +28,14 @@ end, whatever transfer batches the workers sent.
 from __future__ import annotations
 
 import math
+import os
 
 from dali_loader.decode.spec import ImageSpec
 from dali_loader.decode.tf_kernels import decode_like_keras
 from dali_loader.index import Index
 from dali_loader.lazy import import_tf
+from dali_loader.storage.local import on_network_fs
+from dali_loader.storage.urls import is_remote
 from dali_loader.tfdata.epoch_tally import EpochTally
 
 TRANSFER_BATCH = 32  # elements per worker batch when the dataset is unbatched (batch_size=None)
@@ -49,42 +54,43 @@ def _guarded(tf, fn, fallback):
     return one
 
 
+def slow_reads(paths: list[str]) -> bool:
+    """True when the files are remote (gs://...) or on a FUSE/network mount: reads
+    then wait on latency and need `max_in_flight` of them at once."""
+    if not paths:
+        return False
+    first = paths[0]
+    return is_remote(first) or on_network_fs(os.path.dirname(first))
+
+
 def worker_dataset(tf, paths, labels, key, spec: ImageSpec, *, seed: int, shuffle: bool,
-                   transfer_batch: int, max_in_flight: int, num_threads: int | None,
-                   deterministic: bool):
+                   transfer_batch: int, parallel: int | None, deterministic: bool):
     """One epoch's elements, in transfer batches of `(images, labels, positions, ok)`.
 
     Pure TensorFlow ops (no Python), so the tf.data service can run it. `paths`
-    and `labels` are constant tensors; `key` the epoch's key.
+    and `labels` are constant tensors; `key` the epoch's key. Each file is read
+    and decoded in one guarded step, `parallel` at once (None: AUTOTUNE, which
+    resolves on each worker to its own cores).
     """
     n = int(paths.shape[0])
     order = tf.range(n, dtype=tf.int32)
     if shuffle:
         order = tf.random.experimental.stateless_shuffle(
             order, seed=tf.stack([tf.constant(seed, tf.int64), tf.cast(key, tf.int64)]))
-    decode_calls = num_threads or tf.data.AUTOTUNE  # AUTOTUNE: each worker's own cores
     dtype = tf.function(lambda d: decode_like_keras(d, spec, tf)).get_concrete_function(
         tf.TensorSpec((), tf.string)).structured_outputs.dtype  # float32; uint8 for "nearest"
 
-    def read(pos):
-        return pos, tf.io.read_file(tf.gather(paths, pos))
-
-    def unread(pos):
-        return pos, tf.constant(b"")
-
-    def decode(pos, data):
+    def load(pos):
+        data = tf.io.read_file(tf.gather(paths, pos))
         return decode_like_keras(data, spec, tf), tf.gather(labels, pos), pos, tf.constant(True)
 
-    def undecoded(pos, data):
-        del data
+    def unloaded(pos):
         return tf.zeros(spec.shape, dtype), tf.gather(labels, pos), pos, tf.constant(False)
 
+    calls = parallel or tf.data.AUTOTUNE
     ds = tf.data.Dataset.from_tensor_slices(order)
-    ds = ds.interleave(_guarded(tf, read, unread), cycle_length=max_in_flight, block_length=1,
-                       num_parallel_calls=max_in_flight, deterministic=deterministic)
-    ds = ds.interleave(_guarded(tf, decode, undecoded),
-                       cycle_length=num_threads or tf.data.AUTOTUNE, block_length=1,
-                       num_parallel_calls=decode_calls, deterministic=deterministic)
+    ds = ds.interleave(_guarded(tf, load, unloaded), cycle_length=calls, block_length=1,
+                       num_parallel_calls=calls, deterministic=deterministic)
     return ds.batch(transfer_batch)
 
 
@@ -111,11 +117,12 @@ def graph_dataset(index: Index, spec: ImageSpec, batch_size: int | None, label_m
     labels = tf.constant(label_values, tf.int32, shape=(n,))
     tally = EpochTally(list(index.paths), on_error)
     transfer = batch_size or TRANSFER_BATCH
+    parallel = max_in_flight if slow_reads(index.paths) else num_threads
 
     def epoch(key):
         ds = worker_dataset(tf, paths, labels, key, spec, seed=seed, shuffle=shuffle,
-                            transfer_batch=transfer, max_in_flight=max_in_flight,
-                            num_threads=num_threads, deterministic=distribute is None)
+                            transfer_batch=transfer, parallel=parallel,
+                            deterministic=distribute is None)
         if distribute is not None:
             ds = distribute(ds)
         return ds.map(lambda x, y, pos, ok: (x, y, pos, ok, key))
