@@ -9,8 +9,10 @@ Keras's own dataset as the baseline:
   3. service, 2 workers the same, 2 worker processes
   4. 2 workers, no compression  as 3 with `compression=None` (snappy off)
 
-Each set-up: 1 warm-up epoch, then `--epochs` timed epochs, input only (no model
-step). Per set-up: images/s (best epoch and median), the trainer's CPU per image
+All services are up at once; each set-up gets 1 warm-up epoch, then the set-ups
+take turns for `--epochs` rounds (one epoch each per round: the shared machine's
+noise falls on all of them alike), input only (no model step). Per set-up:
+images/s (best epoch and median), the time to the first batch, the trainer's CPU per image
 (this process: `time.process_time`), the workers' CPU per image (their
 /proc/PID/stat), and the trainer's per-epoch tally (files delivered, missing,
 repeated). Before that, bytes per image on the wire, measured on the worker
@@ -95,30 +97,37 @@ class _NoTally:
         return []
 
 
-def run_epochs(name: str, ds, epochs: int, worker_pids) -> dict:
-    """1 warm-up epoch, then `epochs` timed ones."""
-    for _ in ds:
-        pass
-    rates, trainer_ms, worker_ms, firsts = [], [], [], []
-    for _ in range(epochs):
-        pids = worker_pids()
+class Setup:
+    """One row: a dataset, the worker processes it reads from, its epochs' figures."""
+
+    def __init__(self, name: str, ds, worker_pids=lambda: []):
+        self.name, self.ds, self.worker_pids = name, ds, worker_pids
+        self.rates, self.trainer_ms, self.worker_ms, self.firsts = [], [], [], []
+
+    def epoch(self, timed: bool = True) -> None:
+        pids = self.worker_pids()
         c0, w0, t0 = time.process_time(), proc_cpu_seconds(pids), time.perf_counter()
-        images = 0
-        for x, _ in ds:
-            if not images:
-                firsts.append(time.perf_counter() - t0)
+        images, first = 0, None
+        for x, _ in self.ds:
+            if first is None:
+                first = time.perf_counter() - t0
             images += int(x.shape[0])
         t1, c1, w1 = time.perf_counter(), time.process_time(), proc_cpu_seconds(pids)
-        rates.append(images / (t1 - t0))
-        trainer_ms.append(1000 * (c1 - c0) / images)
-        worker_ms.append(1000 * (w1 - w0) / images)
-    tallies = getattr(ds, "tally", _NoTally).epochs()
-    return {"name": name, "best": max(rates), "median": statistics.median(rates),
-            "first_s": statistics.median(firsts),
-            "trainer_ms": min(trainer_ms), "worker_ms": min(worker_ms) if worker_pids() else None,
-            "once": f"{sum(t.exactly_once for t in tallies)}/{len(tallies)}" if tallies else "-",
-            "missing": sum(t.missing for t in tallies), "repeated": sum(t.repeated for t in tallies),
-            "delivered": sorted({t.delivered for t in tallies})}
+        if timed:
+            self.rates.append(images / (t1 - t0))
+            self.firsts.append(first)
+            self.trainer_ms.append(1000 * (c1 - c0) / images)
+            self.worker_ms.append(1000 * (w1 - w0) / images)
+
+    def row(self) -> dict:
+        tallies = getattr(self.ds, "tally", _NoTally).epochs()
+        return {"name": self.name, "best": max(self.rates),
+                "median": statistics.median(self.rates), "first_s": statistics.median(self.firsts),
+                "trainer_ms": statistics.median(self.trainer_ms),
+                "worker_ms": statistics.median(self.worker_ms) if self.worker_pids() else None,
+                "once": f"{sum(t.exactly_once for t in tallies)}/{len(tallies)}" if tallies else "-",
+                "missing": sum(t.missing for t in tallies),
+                "repeated": sum(t.repeated for t in tallies)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -141,7 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     print("$", " ".join([os.path.relpath(sys.executable, ROOT), os.path.relpath(__file__, ROOT)]
                         + (sys.argv[1:] if argv is None else argv)))
     print(f"cores: {os.cpu_count()}, batch {BATCH}, image_size {IMAGE_SIZE}, float32 output, "
-          f"1 warm-up + {args.epochs} timed epochs per set-up, input only (no model step)")
+          f"1 warm-up + {args.epochs} timed epochs per set-up, alternating, input only (no model step); "
+          "CPU per image: medians")
     with tempfile.TemporaryDirectory(prefix="dali-service-") as tmp:
         data = args.data
         if data is None:
@@ -169,31 +179,32 @@ def main(argv: list[str] | None = None) -> int:
 
         import keras
 
-        rows = [run_epochs("Keras (baseline, in-process)", keras.utils.image_dataset_from_directory(
-            data, image_size=IMAGE_SIZE, batch_size=BATCH, seed=SEED, verbose=False),
-            args.epochs, lambda: [])]
-        ds = graph_dataset(index, spec, BATCH, "int", len(index.class_names), seed=SEED,
-                           shuffle=True, on_error="raise", max_in_flight=16, num_threads=None)
-        rows.append(run_epochs("in-process (no service)", ds, args.epochs, lambda: []))
-        for workers in (1, 2):
-            with LoopbackService(workers, tmp) as svc:
-                def pids(svc=svc):
-                    from dali_loader.testing.service_cluster import _children
-                    return [c for p in svc.workers.values() for c in _children(p)]
-
-                ds = image_dataset_from_directory(data, image_size=IMAGE_SIZE, batch_size=BATCH,
-                                                  seed=SEED, service=svc.target, verbose=False)
-                rows.append(run_epochs(f"service, {workers} worker{'s' * (workers > 1)}", ds,
-                                       args.epochs, pids))
-                if workers == 2:
-                    ds = graph_dataset(index, spec, BATCH, "int", len(index.class_names),
-                                       seed=SEED, shuffle=True, on_error="raise",
-                                       max_in_flight=16, num_threads=None,
-                                       distribute=distributor(svc.target, compression=None))
-                    rows.append(run_epochs("service, 2 workers, compression=None", ds,
-                                           args.epochs, pids))
-                codes = svc.close()
-                assert codes == [0] * (workers + 1), codes
+        with LoopbackService(1, os.path.join(tmp, "one")) as one, \
+                LoopbackService(2, os.path.join(tmp, "two")) as two:
+            setups = [
+                Setup("Keras (baseline, in-process)", keras.utils.image_dataset_from_directory(
+                    data, image_size=IMAGE_SIZE, batch_size=BATCH, seed=SEED, verbose=False)),
+                Setup("in-process (no service)", graph_dataset(
+                    index, spec, BATCH, "int", len(index.class_names), seed=SEED, shuffle=True,
+                    on_error="raise", max_in_flight=16, num_threads=None))]
+            for svc in (one, two):
+                n = len(svc.workers)
+                setups.append(Setup(f"service, {n} worker{'s' * (n > 1)}",
+                                    image_dataset_from_directory(
+                                        data, image_size=IMAGE_SIZE, batch_size=BATCH, seed=SEED,
+                                        service=svc.target, verbose=False), svc.worker_pids))
+            setups.append(Setup("service, 2 workers, compression=None", graph_dataset(
+                index, spec, BATCH, "int", len(index.class_names), seed=SEED, shuffle=True,
+                on_error="raise", max_in_flight=16, num_threads=None,
+                distribute=distributor(two.target, compression=None)), two.worker_pids))
+            for s in setups:  # warm-up
+                s.epoch(timed=False)
+            for _ in range(args.epochs):  # alternating: every set-up sees the same noise
+                for s in setups:
+                    s.epoch()
+            rows = [s.row() for s in setups]
+            codes = one.close() + two.close()
+            assert codes == [0] * 5, codes
 
     base = rows[0]["best"]  # Keras
     print(f"\n| set-up | images/s best (median) | vs Keras | first batch s (median) | "

@@ -31,6 +31,7 @@ class LoopbackService:
     def __init__(self, workers: int, folder: str, *, lifetime: float = 600.0,
                  start_timeout: float = 120.0, env: dict | None = None):
         self.folder = folder
+        os.makedirs(folder, exist_ok=True)
         self.lifetime = lifetime
         self.start_timeout = start_timeout
         self.env = dict(os.environ, CUDA_VISIBLE_DEVICES="", **(env or {}))
@@ -77,6 +78,10 @@ class LoopbackService:
         self.workers[i] = proc
         self._wait_ready(proc, "worker")
         return proc
+
+    def worker_pids(self) -> list[int]:
+        """The worker servers' process ids (under their `timeout` wrappers)."""
+        return [c for p in self.workers.values() for c in _children(p)]
 
     def kill_worker(self, i: int) -> None:
         """SIGKILLs worker `i` (no goodbye to the dispatcher)."""
