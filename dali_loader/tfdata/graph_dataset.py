@@ -21,7 +21,7 @@ never an error in the worker: the trainer decides (`on_error`).
 Trainer side (`graph_dataset`): each batch is recorded in an `EpochTally`
 (one Python call per batch, on the trainer only: what arrived, exactly once or
 not; a bad file raises naming it, or is skipped and counted), bad rows
-dropped, then `rebatch(batch_size)`: Keras's batches, one partial batch at the
+dropped, labels in Keras's `label_mode`, then `rebatch(batch_size)`: Keras's batches, one partial batch at the
 end, whatever transfer batches the workers sent.
 """
 
@@ -131,16 +131,17 @@ def graph_dataset(index: Index, spec: ImageSpec, batch_size: int | None, label_m
         seen = tf.numpy_function(tally.record, [key, pos, ok], tf.int64, stateful=True)
         with tf.control_dependencies([seen]):
             keep = tf.identity(ok)
-        return tf.boolean_mask(x, keep), tf.boolean_mask(y, keep)
+        x, y = tf.boolean_mask(x, keep), tf.boolean_mask(y, keep)
+        if label_mode is None:  # Keras's label modes, row by row (before the rebatch)
+            return x
+        if label_mode == "categorical":
+            return x, tf.one_hot(y, num_classes)
+        if label_mode == "binary":
+            return x, tf.expand_dims(tf.cast(y, "float32"), -1)
+        return x, y
 
     ds = epoch_keys(tf, seed).flat_map(epoch).map(check)
     ds = ds.rebatch(batch_size) if batch_size else ds.unbatch()
-    if label_mode is None:
-        ds = ds.map(lambda x, y: x)
-    elif label_mode == "categorical":
-        ds = ds.map(lambda x, y: (x, tf.one_hot(y, num_classes)))
-    elif label_mode == "binary":
-        ds = ds.map(lambda x, y: (x, tf.expand_dims(tf.cast(y, "float32"), -1)))
     if on_error == "raise":
         ds = ds.apply(tf.data.experimental.assert_cardinality(
             math.ceil(n / batch_size) if batch_size else n))
