@@ -69,7 +69,7 @@ def wire_bytes(tf, index, spec, samples: int) -> dict:
     paths = tf.constant(index.paths[:n])
     labels = tf.constant(index.labels[:n], tf.int32)
     ds = worker_dataset(tf, paths, labels, tf.constant(0, tf.int64), spec, seed=SEED,
-                        shuffle=False, transfer_batch=BATCH, parallel=None, deterministic=True)
+                        shuffle=False, transfer_batch=BATCH, parallel=None)
     raw = snappy = 0
     for batch in ds:
         raw += sum(t.numpy().nbytes for t in batch)
@@ -83,7 +83,7 @@ def wire_bytes(tf, index, spec, samples: int) -> dict:
     graph = tf.raw_ops.DatasetToGraphV2(input_dataset=worker_dataset(
         tf, tf.constant(index.paths), tf.constant(index.labels, tf.int32),
         tf.constant(1, tf.int64), spec, seed=SEED, shuffle=True, transfer_batch=BATCH,
-        parallel=None, deterministic=False)._variant_tensor)
+        parallel=None)._variant_tensor)
     return {"images": n, "png": png / n, "raw": raw / n, "snappy": snappy / n,
             "uint8": u8 / n, "uint8_snappy": u8_snappy / n,
             "graph_bytes": len(graph.numpy()), "files": len(index)}

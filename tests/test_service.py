@@ -83,6 +83,20 @@ def test_graph_dataset_new_order_each_epoch_same_for_a_seed(id_tree):
     assert sorted(a[0]) == sorted(a[1]) == sorted(keras_elements(id_tree))
 
 
+def test_graph_dataset_unreadable_file_is_one_bad_element(id_tree):
+    """A file gone after listing: read fails on the worker, the trainer counts it once."""
+    _, index = open_index(str(id_tree), shuffle=False)
+    gone = str(id_tree / "even" / "gone.png")
+    index = type(index)(index.paths + [gone], np.append(index.labels, 0).astype(np.int32),
+                        index.class_names)
+    ds = graph_dataset(index, ImageSpec(*SIZE), 4, "int", 2, seed=1, shuffle=True,
+                       on_error="skip", max_in_flight=4, num_threads=2)
+    assert sorted(elements(ds)) == sorted(keras_elements(id_tree))
+    [count] = ds.tally.epochs()
+    assert (count.delivered, count.skipped, count.missing, count.repeated) == (23, 1, 0, 0)
+    assert list(ds.tally.skip_report.as_dict()) == [gone]
+
+
 @pytest.mark.parametrize("kw,name", [
     ({"decoder": "dali"}, "decoder"), ({"device": "gpu"}, "device"),
     ({"gpu_ready": True}, "gpu_ready"), ({"handoff": "plugin"}, "handoff")])

@@ -104,7 +104,7 @@ class LoopbackService:
         self.close()
 
     def close(self) -> list[int]:
-        """Stops every process: SIGTERM, then SIGKILL after 20 s; their exit codes."""
+        """Stops every process: SIGTERM, then SIGKILL after 30 s; their exit codes."""
         procs = list(self.workers.values()) + ([self._dispatcher] if self._dispatcher else [])
         for p in procs:
             if p.poll() is None:
@@ -112,7 +112,7 @@ class LoopbackService:
         codes = []
         for p in procs:
             try:
-                codes.append(p.wait(timeout=20))
+                codes.append(p.wait(timeout=30))
             except subprocess.TimeoutExpired:
                 p.kill()
                 _kill_child(p)
@@ -129,8 +129,12 @@ def _children(proc: subprocess.Popen) -> list[int]:
 
 
 def _term_child(proc: subprocess.Popen) -> None:
-    """SIGTERM to the server under the `timeout` wrapper (which would pass it on, too)."""
-    proc.send_signal(signal.SIGTERM)
+    """SIGTERM to the server itself (its `timeout` wrapper then exits with its status)."""
+    for pid in _children(proc) or [proc.pid]:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
 
 
 def _kill_child(proc: subprocess.Popen) -> None:

@@ -46,14 +46,6 @@ def epoch_keys(tf, seed: int):
     return tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True).take(1)
 
 
-def _guarded(tf, fn, fallback):
-    """`x -> a dataset of exactly one element`: `fn(*x)`, or `fallback(*x)` when `fn` fails."""
-    def one(*x):
-        done = tf.data.Dataset.from_tensors(x).map(fn).ignore_errors(log_warning=True)
-        return done.concatenate(tf.data.Dataset.from_tensors(x).map(fallback)).take(1)
-    return one
-
-
 def slow_reads(paths: list[str]) -> bool:
     """True when the files are remote (gs://...) or on a FUSE/network mount: reads
     then wait on latency and need `max_in_flight` of them at once."""
@@ -64,13 +56,17 @@ def slow_reads(paths: list[str]) -> bool:
 
 
 def worker_dataset(tf, paths, labels, key, spec: ImageSpec, *, seed: int, shuffle: bool,
-                   transfer_batch: int, parallel: int | None, deterministic: bool):
+                   transfer_batch: int, parallel: int | None):
     """One epoch's elements, in transfer batches of `(images, labels, positions, ok)`.
 
     Pure TensorFlow ops (no Python), so the tf.data service can run it. `paths`
-    and `labels` are constant tensors; `key` the epoch's key. Each file is read
-    and decoded in one guarded step, `parallel` at once (None: AUTOTUNE, which
-    resolves on each worker to its own cores).
+    and `labels` are constant tensors; `key` the epoch's key. Each position p
+    becomes two elements, "load p" and "end of p"; a parallel map (`parallel`
+    at once, None: AUTOTUNE, i.e. each worker's cores; order kept) reads and
+    decodes the first and passes the second; `ignore_errors` drops a load that
+    failed; a scan then turns an "end of p" not preceded by p's image into a
+    zero image flagged `ok=False`. One element per position, whatever happens
+    to the file, at the cost of a plain parallel map.
     """
     n = int(paths.shape[0])
     order = tf.range(n, dtype=tf.int32)
@@ -79,18 +75,32 @@ def worker_dataset(tf, paths, labels, key, spec: ImageSpec, *, seed: int, shuffl
             order, seed=tf.stack([tf.constant(seed, tf.int64), tf.cast(key, tf.int64)]))
     dtype = tf.function(lambda d: decode_like_keras(d, spec, tf)).get_concrete_function(
         tf.TensorSpec((), tf.string)).structured_outputs.dtype  # float32; uint8 for "nearest"
+    empty = (0,) * (len(spec.shape) - 1) + (spec.channels,)
+    if spec.channels_first:
+        empty = (spec.channels,) + (0,) * (len(spec.shape) - 1)
 
-    def load(pos):
-        data = tf.io.read_file(tf.gather(paths, pos))
-        return decode_like_keras(data, spec, tf), tf.gather(labels, pos), pos, tf.constant(True)
+    def load_or_pass(pos, is_end):
+        def load():
+            return decode_like_keras(tf.io.read_file(tf.gather(paths, pos)), spec, tf)
+        img = tf.cond(is_end, lambda: tf.zeros(empty, dtype), load)
+        return tf.ensure_shape(img, [None] * len(spec.shape)), pos, is_end
 
-    def unloaded(pos):
-        return tf.zeros(spec.shape, dtype), tf.gather(labels, pos), pos, tf.constant(False)
+    def pair_up(last_loaded, element):
+        img, pos, is_end = element
+        bad = tf.logical_and(is_end, tf.not_equal(last_loaded, pos))
+        out = tf.cond(bad, lambda: tf.zeros(spec.shape, dtype), lambda: img)
+        keep = tf.logical_or(bad, tf.logical_not(is_end))
+        return (tf.where(is_end, last_loaded, pos),
+                (out, tf.gather(labels, pos), pos, tf.logical_not(bad), keep))
 
-    calls = parallel or tf.data.AUTOTUNE
     ds = tf.data.Dataset.from_tensor_slices(order)
-    ds = ds.interleave(_guarded(tf, load, unloaded), cycle_length=calls, block_length=1,
-                       num_parallel_calls=calls, deterministic=deterministic)
+    ds = ds.flat_map(lambda p: tf.data.Dataset.from_tensor_slices(
+        (tf.stack([p, p]), tf.constant([False, True]))))
+    ds = ds.map(load_or_pass, num_parallel_calls=parallel or tf.data.AUTOTUNE,
+                deterministic=True).ignore_errors(log_warning=True)
+    ds = ds.scan(tf.constant(-1, tf.int32), pair_up)
+    ds = ds.filter(lambda img, label, pos, ok, keep: keep)
+    ds = ds.map(lambda img, label, pos, ok, keep: (tf.ensure_shape(img, spec.shape), label, pos, ok))
     return ds.batch(transfer_batch)
 
 
@@ -121,8 +131,7 @@ def graph_dataset(index: Index, spec: ImageSpec, batch_size: int | None, label_m
 
     def epoch(key):
         ds = worker_dataset(tf, paths, labels, key, spec, seed=seed, shuffle=shuffle,
-                            transfer_batch=transfer, parallel=parallel,
-                            deterministic=distribute is None)
+                            transfer_batch=transfer, parallel=parallel)
         if distribute is not None:
             ds = distribute(ds)
         return ds.map(lambda x, y, pos, ok: (x, y, pos, ok, key))
