@@ -46,19 +46,21 @@ def elements(ds):
     return [(x.tobytes(), int(y)) for xb, yb in ds.as_numpy_iterator() for x, y in zip(xb, yb)]
 
 
-@pytest.mark.parametrize("label_mode,options", [
-    ("int", {}), ("categorical", {"crop_to_aspect_ratio": True}),
-    ("binary", {"pad_to_aspect_ratio": True}), (None, {"interpolation": "nearest"})])
-def test_graph_dataset_is_bit_exact_with_keras(id_tree, label_mode, options):
+@pytest.mark.parametrize("label_mode,options,batch_size", [
+    ("int", {}, 5), ("categorical", {"crop_to_aspect_ratio": True}, 5),
+    ("binary", {"pad_to_aspect_ratio": True}, 5), (None, {"interpolation": "nearest"}, 5),
+    ("int", {"color_mode": "grayscale"}, None)])
+def test_graph_dataset_is_bit_exact_with_keras(id_tree, label_mode, options, batch_size):
     ref = keras.utils.image_dataset_from_directory(
-        id_tree, image_size=SIZE, shuffle=False, batch_size=5, label_mode=label_mode,
+        id_tree, image_size=SIZE, shuffle=False, batch_size=batch_size, label_mode=label_mode,
         verbose=False, **options)
     _, index = open_index(str(id_tree), shuffle=False)
-    spec = ImageSpec(*SIZE, 3, options.get("interpolation", "bilinear"),
+    spec = ImageSpec(*SIZE, 1 if options.get("color_mode") == "grayscale" else 3,
+                     options.get("interpolation", "bilinear"),
                      options.get("crop_to_aspect_ratio", False),
                      options.get("pad_to_aspect_ratio", False))
-    ds = graph_dataset(index, spec, 5, label_mode, 2, seed=1, shuffle=False, on_error="raise",
-                       max_in_flight=4, num_threads=2)
+    ds = graph_dataset(index, spec, batch_size, label_mode, 2, seed=1, shuffle=False,
+                       on_error="raise", max_in_flight=4, num_threads=2)
     assert ds.element_spec == ref.element_spec
     assert int(ds.cardinality()) == int(ref.cardinality())
     got, want = list(ds.as_numpy_iterator()), list(ref.as_numpy_iterator())
