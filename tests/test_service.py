@@ -131,6 +131,15 @@ def test_worker_without_dispatcher_exits_2_with_one_line():
     assert f"No tf.data service dispatcher answered at 127.0.0.1:{port} within 1 s" in out.stderr
 
 
+@pytest.mark.parametrize("args,message", [
+    (["worker", "--dispatcher", "nohost"], "--dispatcher must be HOST:PORT. Received: --dispatcher='nohost'"),
+    (["dispatcher", "--port", "70000"], "--port must be a port number (0-65535). Received: --port=70000")])
+def test_serve_argument_errors_are_one_line(args, message):
+    out = subprocess.run([sys.executable, "-m", "dali_loader.tools.cli", "serve", *args],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and message in out.stderr
+
+
 @pytest.fixture(scope="module")
 def service(tmp_path_factory):
     with LoopbackService(2, str(tmp_path_factory.mktemp("service")), lifetime=900) as svc:
