@@ -17,6 +17,7 @@ import logging
 import os
 import signal
 import socket
+import sys
 import threading
 import time
 
@@ -37,6 +38,7 @@ def add_parsers(subparsers) -> None:
     d.add_argument("--work-dir", default=None,
                    help="journal folder: with it the dispatcher is fault tolerant (restarts "
                         "recover registered datasets and jobs)")
+    _add_stop_timeout(d)
     add_verbose_flag(d)
     d.set_defaults(func=run_dispatcher)
     w = sub.add_parser("worker", help="start a worker that registers with the dispatcher")
@@ -48,8 +50,15 @@ def add_parsers(subparsers) -> None:
                         "machine's hostname)")
     w.add_argument("--connect-timeout", type=float, default=30.0, metavar="S",
                    help="seconds to wait for the dispatcher before giving up (default 30)")
+    _add_stop_timeout(w)
     add_verbose_flag(w)
     w.set_defaults(func=run_worker)
+
+
+def _add_stop_timeout(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--stop-timeout", type=float, default=10.0, metavar="S",
+                   help="seconds the server may take to stop on SIGTERM before the process "
+                        "exits anyway (default 10)")
 
 
 def _host_port(text: str) -> tuple[str, int]:
@@ -96,6 +105,30 @@ def _import_tf(verbose: bool):
     return import_tf()
 
 
+def _stop(server, what: str, timeout: float) -> None:
+    """Stops a TF server within `timeout` seconds, then ends the process at once:
+    status 0, or 1 when the server had not stopped by then (never hangs).
+
+    The process skips interpreter teardown (`os._exit`, logs flushed): with TF's
+    servers in it, teardown took about 13 s on a 2-core VM after a 0.0 s stop.
+    """
+    start = time.monotonic()
+    # TF's own servers have no public stop; TF's tests call _stop().
+    stopper = threading.Thread(target=server._stop, name=f"stop-{what}", daemon=True)
+    stopper.start()
+    stopper.join(timeout)
+    code = 0
+    if stopper.is_alive():
+        logger.error("the %s did not stop within %g s; exiting anyway", what, timeout)
+        code = 1
+    else:
+        logger.info("%s stopped in %.1f s", what, time.monotonic() - start)
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 @cli_command("serve dispatcher")
 def run_dispatcher(args: argparse.Namespace) -> int:
     """Run a DispatchServer until SIGTERM/SIGINT."""
@@ -113,9 +146,7 @@ def run_dispatcher(args: argparse.Namespace) -> int:
                 args.port)
     name = signals.wait()
     logger.info("%s: stopping the dispatcher", name)
-    server._stop()  # TF's own server has no public stop; its tests call _stop()
-    logger.info("dispatcher stopped")
-    return 0
+    _stop(server, "dispatcher", args.stop_timeout)
 
 
 def wait_for_dispatcher(host: str, port: int, timeout: float) -> None:
@@ -159,6 +190,4 @@ def run_worker(args: argparse.Namespace) -> int:
                 me, bound, host, port)
     name = signals.wait()
     logger.info("%s: stopping the worker", name)
-    server._stop()
-    logger.info("worker stopped")
-    return 0
+    _stop(server, "worker", args.stop_timeout)
