@@ -249,5 +249,16 @@ def test_worker_killed_mid_epoch_loses_some_files_repeats_none(service, tmp_path
     assert after.exactly_once and after.delivered == 160
 
 
-def test_servers_stop_cleanly_on_sigterm(service):
-    assert service.close() == [0, 0, 0]
+def test_servers_stop_by_themselves_on_sigterm(service):
+    """SIGTERM: each server stops (0), or, when TF's stop waits on a trainer's open
+    reads past --stop-timeout (5 s), its process ends anyway (1, tracebacks in
+    its log); never our SIGKILL."""
+    start = time.monotonic()
+    codes = service.close()
+    assert time.monotonic() - start < 25
+    assert codes[-1] == 0  # the dispatcher
+    assert set(codes) <= {0, 1}, codes
+    for proc, code in zip(list(service.workers.values()), codes):
+        log = open(proc.log_path).read()
+        assert "SIGTERM: stopping the worker" in log
+        assert ("worker stopped in" in log) if code == 0 else ("Timeout (0:00:05)!" in log)

@@ -106,6 +106,7 @@ class LoopbackService:
     def close(self) -> list[int]:
         """Stops every process: SIGTERM, then SIGKILL after 30 s; their exit codes."""
         procs = list(self.workers.values()) + ([self._dispatcher] if self._dispatcher else [])
+        self.stop_sent = time.time()
         for p in procs:
             if p.poll() is None:
                 _term_child(p)
