@@ -29,6 +29,7 @@ from dali_loader.index import ALLOWLIST_FORMATS, split
 from dali_loader.lazy import import_tf
 from dali_loader.tfdata.dali_plugin import resolve_handoff
 from dali_loader.tfdata.dataset import make_loader, to_tf_dataset
+from dali_loader.tfdata.service import check_service_options, service_dataset
 
 logger = logging.getLogger(__name__)
 
@@ -180,6 +181,7 @@ def image_dataset_from_directory(
     input_context=None,
     gpu_ready=None,
     handoff=None,
+    service=None,
 ):
     """Generates a `tf.data.Dataset` from image files in a directory.
 
@@ -220,6 +222,12 @@ def image_dataset_from_directory(
             no host copy, but only consumed as returned; transformations other
             than prefetch and with_options raise) or "generator" (copied to the
             host, passed through `from_generator`). docs/handoff.md.
+        service: A tf.data service dispatcher, "grpc://host:port": its CPU
+            workers read and decode each epoch with TF's kernels, every file
+            once across them (`distributed_epoch`), and this process reads the
+            batches (docs/service.md). Combines with the CPU options only
+            (decoder None or "tf"; not DALI, `gpu_ready`, `handoff` or
+            `input_context`).
 
     Returns:
         A `tf.data.Dataset`, or a list of two for `subset="both"`, each with
@@ -233,8 +241,10 @@ def image_dataset_from_directory(
         labels = None
         label_mode = None
     _check_loader_args(on_error, num_threads, max_in_flight, cache_max_bytes)
+    address = check_service_options(service, device=device, decoder=decoder, handoff=handoff,
+                                    gpu_ready=gpu_ready, input_context=input_context)
     shard = _shard_of(input_context)
-    device = resolve_device(device, import_tf())
+    device = resolve_device(device, import_tf()) if address is None else "cpu"
     gpu_ready = resolve_gpu_ready(gpu_ready)
     if decoder not in (None, "dali", "tf"):
         raise ValueError(
@@ -298,6 +308,13 @@ def image_dataset_from_directory(
 
 
     def make(sub_index, sub_shuffle):
+        if address is not None:
+            ds = service_dataset(
+                sub_index, spec, batch_size, label_mode, len(class_names) if class_names else 0,
+                service=service, address=address, seed=seed, shuffle=sub_shuffle,
+                on_error=on_error, max_in_flight=max_in_flight, num_threads=num_threads)
+            ds.class_names, ds.file_paths = class_names, list(sub_index.paths)
+            return ds
         loader = make_loader(
             source, sub_index, spec, batch_size=batch_size or 32, shuffle=sub_shuffle,
             seed=seed, device=device, decoder=decoder, num_threads=num_threads,

@@ -1,4 +1,4 @@
-"""`dali-loader`: the command line (prefetch, cache, diagnose, bench).
+"""`dali-loader`: the command line (prefetch, cache, diagnose, bench, serve).
 
 Each subcommand lives in its own `cmd_*` module with `add_parsers(subparsers)`;
 this file only wires them together. Errors are reported by `cli_common.run_command`:
@@ -15,7 +15,7 @@ import sys
 
 from dali_loader.tools.cli_common import quiet_native_logs, run_command
 
-_COMMAND_MODULES = ("cmd_cache", "cmd_diagnose", "cmd_bench")
+_COMMAND_MODULES = ("cmd_cache", "cmd_diagnose", "cmd_bench", "cmd_serve")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,115 @@
+"""The trainer's side of tf.data service: a dispatcher address in, each epoch read from the workers.
+
+`distributor(service)` returns the function `graph_dataset` applies to each
+epoch's worker dataset: `tf.data.experimental.service.distribute` with
+`processing_mode="distributed_epoch"` (ShardingPolicy.DYNAMIC): the dispatcher
+hands out the epoch's positions to the workers, so each file is produced once
+across them (at most once when a worker restarts mid-epoch: TF's
+`ShardingPolicy` documentation). Each `iter()` registers that epoch's graph
+(its order is a constant in it) and reads it as a new anonymous job.
+Batching: the workers send transfer batches (several per worker end partial)
+and the trainer rebatches to Keras's batches (`graph_dataset`).
+https://www.tensorflow.org/api_docs/python/tf/data/experimental/service/distribute
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+
+COMPRESSIONS = ("AUTO", None)
+_ADDRESS = re.compile(r"^grpc://(?P<host>\[[0-9a-fA-F:]+\]|[A-Za-z0-9_.-]+):(?P<port>\d{1,5})$")
+
+
+def parse_service(service) -> tuple[str, int]:
+    """`(host, port)` of a `"grpc://host:port"` dispatcher address.
+
+    Raises:
+        ValueError: anything else.
+    """
+    m = _ADDRESS.match(service) if isinstance(service, str) else None
+    if not m or not 0 < int(m.group("port")) < 65536:
+        raise ValueError(
+            '`service` must be a tf.data service dispatcher address, "grpc://host:port" '
+            "(start one with `dali-loader serve dispatcher --port P`), or None. "
+            f"Received: service={service!r}")
+    return m.group("host").strip("[]"), int(m.group("port"))
+
+
+def check_reachable(host: str, port: int, timeout: float = 10.0) -> None:
+    """A TCP connection to the dispatcher within `timeout` seconds, or a clear error
+    (TF's own client would retry for minutes).
+
+    Raises:
+        ConnectionError: naming the address and what to do.
+    """
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
+    except OSError as e:
+        raise ConnectionError(
+            f"Cannot reach the tf.data service dispatcher at {host}:{port} within {timeout:g} s "
+            f"({e}). Start it with `dali-loader serve dispatcher --port {port}` and its workers "
+            f"with `dali-loader serve worker --dispatcher {host}:{port}`, or check the firewall."
+        ) from None
+
+
+def distributor(service: str, *, compression: str | None = "AUTO", tf=None):
+    """`dataset -> dataset`: reads `dataset` from the service at `service`,
+    each element once across workers (`distributed_epoch`).
+
+    Args:
+        compression: "AUTO" (snappy on the workers, when it pays) or None
+            (docs/service.md measures both).
+    """
+    if compression not in COMPRESSIONS:
+        raise ValueError(f'`compression` must be "AUTO" or None. Received: compression={compression!r}')
+    if tf is None:
+        from dali_loader.lazy import import_tf
+
+        tf = import_tf()
+    distribute = tf.data.experimental.service.distribute(
+        processing_mode=tf.data.experimental.service.ShardingPolicy.DYNAMIC,
+        service=service, compression=compression)
+
+    def apply(dataset):
+        return dataset.apply(distribute)
+
+    return apply
+
+
+def check_service_options(service, *, device, decoder, handoff, gpu_ready,
+                          input_context) -> tuple[str, int] | None:
+    """Validates `service=` and what it combines with; `(host, port)`, or None without it.
+
+    With a service the workers decode with TF's kernels on their CPUs, so DALI
+    (`decoder="dali"`, `device="gpu"`, `handoff`: DALIDataset refuses split
+    providers) and the GPU-ready cache cannot join it; nor can `input_context`
+    (one trainer reads each epoch: docs/service.md).
+    """
+    if service is None:
+        return None
+    address = parse_service(service)
+    refused = {"decoder": (decoder, ("tf", None)), "device": (device, ("cpu", None)),
+               "handoff": (handoff, (None,)), "gpu_ready": (gpu_ready, (None, False)),
+               "input_context": (input_context, (None,))}
+    for name, (value, allowed) in refused.items():
+        if value not in allowed:
+            raise ValueError(
+                f"`service` runs the TF-kernel graph on the tf.data service's CPU workers; it "
+                f"cannot be combined with {name}={value!r} (allowed with service: "
+                f"{' or '.join(repr(a) for a in allowed)}). Received: service={service!r}, "
+                f"{name}={value!r}")
+    return address
+
+
+def service_dataset(index, spec, batch_size, label_mode, num_classes, *, service: str,
+                    address: tuple[str, int], seed: int, shuffle: bool, on_error: str,
+                    max_in_flight: int, num_threads: int | None, compression: str | None = "AUTO"):
+    """`graph_dataset` read from the tf.data service at `service` (checked reachable first)."""
+    from dali_loader.tfdata.graph_dataset import graph_dataset
+
+    check_reachable(*address)
+    return graph_dataset(index, spec, batch_size, label_mode, num_classes, seed=seed,
+                         shuffle=shuffle, on_error=on_error, max_in_flight=max_in_flight,
+                         num_threads=num_threads,
+                         distribute=distributor(service, compression=compression))
