@@ -48,7 +48,7 @@ def check_png_decoder(png_decoder, *, device: str, decoder: str | None, gpu_read
     if gpu_ready is not None:
         raise ValueError('png_decoder="gpu" and `gpu_ready` cannot be combined: the GPU-ready '
                          "cache already decodes every file once. Received: "
-                         f"png_decoder={png_decoder!r}, gpu_ready={gpu_ready!r}")
+                         f"png_decoder={png_decoder!r}, gpu_ready={getattr(gpu_ready, 'value', gpu_ready)!r}")
     return True
 
 
