@@ -49,8 +49,9 @@ def run_fit_script(code: str, allocator: str | None) -> None:
 def choose_cuda_simulator() -> None:
     """Makes numba-cuda's simulator the `numba.cuda` of this process (CPU-only runs of the
     batched PNG decoder's kernels), if numba.cuda was not imported yet. The simulator is
-    chosen when numba.cuda is first imported (nothing else in the suite imports numba);
-    NUMBA_ENABLE_CUDASIM is removed again so that no later test or subprocess sees it.
+    chosen when numba.cuda is first imported (only the GPU PNG decoder's test modules
+    import numba, all through this helper); NUMBA_ENABLE_CUDASIM is removed again so
+    that no later test or subprocess sees it.
     Tests check `numba.cuda.jit.__module__` and skip when it is not the simulator."""
     import os
     import sys

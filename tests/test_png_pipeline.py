@@ -145,3 +145,12 @@ def test_generator_handoff_is_picked_and_default_is_off(id_tree):
     assert ds._dali_loader.input is Input.PIXELS and ds._dali_loader.png.device == "cpu"
     off = ours(str(id_tree), decoder="dali", **KW)
     assert off._dali_loader.input is Input.FILES and off._dali_loader.png is None
+
+
+def test_cpu_without_the_simulator_refused(monkeypatch):
+    """On the CPU the kernels can only run under the simulator: anything else is refused."""
+    from dali_loader.decode import png_batches
+
+    monkeypatch.setattr(png_batches, "simulated", lambda: False)
+    with pytest.raises(ValueError, match="NUMBA_ENABLE_CUDASIM=1.*Received: png_decoder='gpu'"):
+        png_batches.PngBatches(3, device="cpu")

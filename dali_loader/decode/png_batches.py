@@ -119,6 +119,7 @@ class PngBatches:
             cp = import_cupy()
             with cp.cuda.Device(self.device_id):
                 pixels = [cp.asarray(p) for p in pixels]  # CPU-decoded ones uploaded
+                cp.cuda.get_current_stream().synchronize()  # ready before DALI reads them
         if len(keep) == len(items):
             return chunk, pixels
         return Chunk([items[i] for i in keep], [chunk.positions[i] for i in keep]), pixels
