@@ -46,9 +46,10 @@ def check_png_decoder(png_decoder, *, device: str, decoder: str | None, gpu_read
                          f'kernels run under numba-cuda\'s simulator). Received: '
                          f"png_decoder={png_decoder!r}, device={device!r}, decoder={decoder!r}")
     if gpu_ready is not None:
+        form = getattr(gpu_ready, "value", gpu_ready)
         raise ValueError('png_decoder="gpu" and `gpu_ready` cannot be combined: the GPU-ready '
                          "cache already decodes every file once. Received: "
-                         f"png_decoder={png_decoder!r}, gpu_ready={getattr(gpu_ready, 'value', gpu_ready)!r}")
+                         f"png_decoder={png_decoder!r}, gpu_ready={form!r}")
     return True
 
 
