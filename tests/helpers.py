@@ -44,3 +44,45 @@ def run_fit_script(code: str, allocator: str | None) -> None:
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                          text=True, timeout=300)
     assert "fit-ok" in out.stdout, out.stderr[-3000:]
+
+
+def choose_cuda_simulator() -> None:
+    """Makes numba-cuda's simulator the `numba.cuda` of this process (CPU-only runs of the
+    batched PNG decoder's kernels), if numba.cuda was not imported yet. The simulator is
+    chosen when numba.cuda is first imported (only the GPU PNG decoder's test modules
+    import numba, all through this helper); NUMBA_ENABLE_CUDASIM is removed again so
+    that no later test or subprocess sees it.
+    Tests check `numba.cuda.jit.__module__` and skip when it is not the simulator."""
+    import os
+    import sys
+
+    if "numba.cuda" in sys.modules:
+        return
+    before = os.environ.get("NUMBA_ENABLE_CUDASIM")
+    os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
+    try:
+        import numba.cuda  # noqa: F401
+    except ImportError:
+        pass  # the tests' importorskip reports it
+    finally:
+        if before is None:
+            del os.environ["NUMBA_ENABLE_CUDASIM"]
+        else:
+            os.environ["NUMBA_ENABLE_CUDASIM"] = before
+
+
+def fast_simulator():
+    """A generator for a module fixture: skips unless numba.cuda is the simulator, and
+    shortens the GIL switch interval meanwhile (the simulator's block manager polls its
+    threads under the GIL: each syncthreads then costs microseconds, not milliseconds)."""
+    import sys
+
+    import pytest
+    from numba import cuda
+
+    if not cuda.jit.__module__.startswith("numba.cuda.simulator"):
+        pytest.skip("numba.cuda was imported before NUMBA_ENABLE_CUDASIM=1 could be set")
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-4)
+    yield
+    sys.setswitchinterval(old)

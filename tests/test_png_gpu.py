@@ -8,50 +8,31 @@ corrupt files must be named under on_error="raise" and recorded under "skip".
 
 from __future__ import annotations
 
-import os
 import struct
-import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
 
-# The simulator is chosen when numba.cuda is first imported (nothing else in the suite
-# imports numba); the variable is removed again so that no later test or subprocess sees it.
-if "numba.cuda" not in sys.modules:
-    _before = os.environ.get("NUMBA_ENABLE_CUDASIM")
-    os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
-    try:
-        pytest.importorskip("numba.cuda")
-    finally:
-        if _before is None:
-            del os.environ["NUMBA_ENABLE_CUDASIM"]
-        else:
-            os.environ["NUMBA_ENABLE_CUDASIM"] = _before
+from helpers import choose_cuda_simulator, fast_simulator
+
+choose_cuda_simulator()
 cuda = pytest.importorskip("numba.cuda")
 
 from dali_loader.decode.png_gpu import (  # noqa: E402
-    PNG_GPU_VERIFIED, Fallback, Launch, PngDecodeStats, ZlibInflate, decode_pngs, resolve_png_gpu)
+    PNG_GPU_VERIFIED, Fallback, PngDecodeStats, ZlibInflate, decode_pngs, resolve_png_gpu)
 from dali_loader.decode.png_gpu.cpu_fallback import finish  # noqa: E402
 from dali_loader.errors import CorruptImageError  # noqa: E402
 from dali_loader.feed.policy import EpochErrors, SkipReport  # noqa: E402
 from dali_loader.testing.pngs import broken_streams, chunk, encode_png, photo  # noqa: E402
 
-# Small launches: each simulated thread is a Python thread.
-SIM = Launch(adler_threads=16, unfilter_threads=8, expand_threads=1, expand_blocks=1)
+from dali_loader.decode.png_batches import SIMULATOR_LAUNCH as SIM  # noqa: E402 - small launches
 MODES = (1, 3, 4)
 
 
 @pytest.fixture(scope="module", autouse=True)
 def simulator():
-    if not cuda.jit.__module__.startswith("numba.cuda.simulator"):
-        pytest.skip("numba.cuda was imported before NUMBA_ENABLE_CUDASIM=1 could be set")
-    # The simulator's block manager polls its threads under the GIL: a short switch
-    # interval makes each syncthreads cost microseconds instead of milliseconds.
-    old = sys.getswitchinterval()
-    sys.setswitchinterval(1e-4)
-    yield
-    sys.setswitchinterval(old)
+    yield from fast_simulator()
 
 
 @pytest.fixture(scope="module")

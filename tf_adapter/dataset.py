@@ -17,6 +17,7 @@ import numpy as np
 from dali_loader.api import open_index
 from dali_loader.args import positive_int
 from dali_loader.decode.devices import dali_gpu_count, resolve_device
+from dali_loader.decode.png_batches import check_png_decoder
 from dali_loader.decode.ready_forms import (
     TIFF_GPU_DECODE_VERIFIED,
     ReadyForm,
@@ -182,6 +183,7 @@ def image_dataset_from_directory(
     gpu_ready=None,
     handoff=None,
     service=None,
+    png_decoder=None,
 ):
     """Generates a `tf.data.Dataset` from image files in a directory.
 
@@ -228,6 +230,14 @@ def image_dataset_from_directory(
             batches (docs/service.md). Combines with the CPU options only
             (decoder None or "tf"; not DALI, `gpu_ready`, `handoff` or
             `input_context`).
+        png_decoder: None (PNGs decoded by nvImageCodec on the CPU inside
+            DALI; the default) or "gpu": each batch's PNGs decoded by the
+            batched GPU PNG decoder (nvCOMP + CUDA kernels; unverified on a
+            GPU, off by default), the other files by TF on the CPU, DALI
+            only resizes. Needs the DALI path (device="gpu", or
+            decoder="dali" on the CPU, where its kernels run under
+            numba-cuda's simulator), the generator handoff (the plugin takes
+            CPU inputs only) and no `gpu_ready`. docs/png_gpu.md.
 
     Returns:
         A `tf.data.Dataset`, or a list of two for `subset="both"`, each with
@@ -257,13 +267,15 @@ def image_dataset_from_directory(
         )
     dali = decoder == "dali" or device == "gpu"
     check_form_for_decoder(gpu_ready, dali)
+    png_gpu = check_png_decoder(png_decoder, device=device, decoder=decoder,
+                                gpu_ready=gpu_ready)
     if gpu_ready is ReadyForm.TIFF and device == "gpu" and not TIFF_GPU_DECODE_VERIFIED:
         logger.warning(
             'gpu_ready="tiff": whether DALI decodes these TIFFs on the GPU is unverified; on a '
             "fallback they are decoded on the CPU, no faster than the PNGs. gpu_ready=True "
             "(raw entries) decodes nothing.")
     handoff = resolve_handoff(handoff, device=device, on_error=on_error, batch_size=batch_size,
-                              gpu_ready=gpu_ready is not None)
+                              gpu_ready=gpu_ready is not None, png_gpu=png_gpu)
     if handoff.plugin and not dali:
         raise ValueError(
             f'handoff="{handoff.value}" hands over DALI\'s batches; on the CPU it needs '
@@ -320,7 +332,7 @@ def image_dataset_from_directory(
             seed=seed, device=device, decoder=decoder, num_threads=num_threads,
             on_error=on_error, max_in_flight=max_in_flight, shard=shard,
             device_id=shard[0] % max(1, dali_gpu_count()) if device == "gpu" else 0,
-            gpu_ready=gpu_ready,
+            gpu_ready=gpu_ready, png_decoder=png_decoder,
         )
         ds = to_tf_dataset(loader, spec, batch_size, label_mode,
                            len(class_names) if class_names else 0, num_threads=num_threads,

@@ -25,6 +25,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from dali_loader.decode.dali_graph import Input, build_pipeline, probe_decode
+from dali_loader.decode.png_batches import PngBatches
 from dali_loader.decode.spec import ImageSpec
 from dali_loader.errors import BadFileError, CorruptImageError
 from dali_loader.feed.epochs import Chunk, Feed, FeedEpoch
@@ -37,9 +38,12 @@ _IDLE_PIPELINES = 2  # idle pipelines kept for later epochs
 class _Slot:
     """What a pipeline's `external_source` pulls from: the batches of the epoch
     that holds the pipeline now. Every batch handed to DALI is also queued in
-    `in_flight`, so outputs are matched with their labels and files."""
+    `in_flight`, so outputs are matched with their labels and files. With
+    `decode` (a `png_batches.PngBatches`), each chunk is decoded here and only
+    the files it kept are queued (a skipped file leaves no position behind)."""
 
-    def __init__(self):
+    def __init__(self, decode: PngBatches | None = None):
+        self.decode = decode
         self.epoch: FeedEpoch | None = None
         self.batch_size = 1
         self.replay: collections.deque[Chunk] = collections.deque()
@@ -54,17 +58,23 @@ class _Slot:
     def __iter__(self):
         return self
 
-    def __next__(self) -> list[np.ndarray]:
-        if self.replay:
-            chunk = self.replay.popleft()
-        elif self.epoch is None:
-            raise StopIteration
-        else:
-            chunk = self.epoch.next_chunk(self.batch_size)
-        if chunk is None:
-            raise StopIteration
-        self.in_flight.append(chunk)
-        return [np.frombuffer(d, dtype=np.uint8) for d in chunk.items]
+    def __next__(self) -> list:
+        while True:
+            if self.replay:
+                chunk = self.replay.popleft()
+            elif self.epoch is None:
+                raise StopIteration
+            else:
+                chunk = self.epoch.next_chunk(self.batch_size)
+            if chunk is None:
+                raise StopIteration
+            if self.decode is None:
+                self.in_flight.append(chunk)
+                return [np.frombuffer(d, dtype=np.uint8) for d in chunk.items]
+            chunk, pixels = self.decode(chunk, self.epoch)
+            if chunk.positions:  # else every file was skipped: take the next chunk
+                self.in_flight.append(chunk)
+                return pixels
 
 
 class DaliBatches:
@@ -77,20 +87,28 @@ class DaliBatches:
         num_threads: DALI CPU threads (default: cores available).
         device_id: The CUDA device, with "gpu" (one per replica under a strategy).
         input: What the feed's items are: the files (`CheckedBytes`) or
-            GPU-ready cache entries (`feed.ready.ReadyBytes`), raw or TIFF.
+            GPU-ready cache entries (`feed.ready.ReadyBytes`), raw or TIFF,
+            or `Input.PIXELS`: the files, decoded by `png` before DALI.
+        png: With `Input.PIXELS`, the batched PNG decoder stage
+            (`png_batches.PngBatches`, on `device`).
     """
 
     def __init__(self, feed: Feed, spec: ImageSpec, *, device: str = "cpu",
                  num_threads: int | None = None, device_id: int = 0,
-                 input: Input = Input.FILES):
+                 input: Input = Input.FILES, png: PngBatches | None = None):
         if device not in ("cpu", "gpu"):
             raise ValueError(f'`device` must be "cpu" or "gpu". Received: device={device}')
+        if (input is Input.PIXELS) != (png is not None):
+            raise ValueError("`png` (the stage that decodes the pixels) goes with "
+                             f"input=Input.PIXELS, and only with it. Received: input={input}, "
+                             f"png={png!r}")
         self.feed = feed
         self.spec = spec
         self.device = device
         self.num_threads = num_threads
         self.device_id = device_id
         self.input = input
+        self.png = png
         self.batch_size = feed.chunk_size
         self.pipeline_builds = 0
         # Per epoch, bounded: feed epoch start and pipeline checkout (or build).
@@ -121,7 +139,12 @@ class DaliBatches:
         decoded on the CPU: every file on the CPU; on a GPU every file but the
         JPEGs (nvImageCodec decodes no PNG on the GPU); with the GPU-ready
         cache, only the files it had to fill (cached entries are not decoded
-        on the CPU)."""
+        on the CPU). With the batched PNG decoder (`Input.PIXELS`),
+        `gpu_png_decodes` (PNGs its kernels decoded) and `cpu_decodes` (its
+        fallbacks and the non-PNG files, decoded by TF)."""
+        if self.input is Input.PIXELS:
+            return [{"gpu_png_decodes": 0, "cpu_decodes": 0, **t}
+                    for t in list(self.feed.epoch_tallies)]
         if self.input is not Input.FILES:
             return self.feed.epoch_stats
         gpu = self.device == "gpu"
@@ -133,7 +156,7 @@ class DaliBatches:
 
     # -- pipelines ---------------------------------------------------------
     def _build(self) -> tuple[object, _Slot]:
-        slot = _Slot()
+        slot = _Slot(self.png)
         with self._lock:
             self.pipeline_builds += 1
         pipe = build_pipeline(slot, self.spec, self.batch_size, gpu=self.device == "gpu",
@@ -179,6 +202,8 @@ class DaliBatches:
                 except BadFileError:
                     raise
                 except Exception as err:  # DALI's pipeline died on some file
+                    if self.input is Input.PIXELS:
+                        raise  # DALI decoded nothing: no file to blame
                     pipe, slot = self._recover(err, slot, epoch)
                     continue
                 chunk = slot.in_flight.popleft()

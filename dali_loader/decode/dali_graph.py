@@ -24,6 +24,9 @@ class Input(enum.Enum):
     FILES = "files"  # the dataset's files as they are (PNG, JPEG, ...)
     READY_RAW = "ready-raw"  # GPU-ready cache entries: the pixels Keras decodes, uncompressed
     READY_TIFF = "ready-tiff"  # GPU-ready cache entries: TIFFs of the pixels Keras decodes
+    # Pixels decoded before DALI (HWC uint8, the output's colour mode; `png_batches`):
+    # CuPy arrays on a GPU (external_source device="gpu"), numpy on the CPU.
+    PIXELS = "pixels"
 
 
 _READY_TYPES = {1: "GRAY", 3: "RGB", 4: "ANY_DATA"}
@@ -155,10 +158,13 @@ def image_graph(dali, encoded, spec: ImageSpec, gpu: bool, input: Input = Input.
     GPU-ready cache entries already hold Keras's pixels in the output's colour
     mode: `Input.READY_RAW` entries are reshaped on the CPU and copied to the
     GPU (nothing is decoded); `Input.READY_TIFF` entries are decoded (with
-    `mixed` on a GPU), with no colour conversion.
+    `mixed` on a GPU), with no colour conversion. `Input.PIXELS` is already
+    decoded and on the graph's device: it goes straight to crop/pad/resize.
     """
     fn, t = dali.fn, dali.types
-    if input is Input.READY_RAW:
+    if input is Input.PIXELS:
+        img = encoded
+    elif input is Input.READY_RAW:
         img = raw_pixels(dali, encoded)
         if gpu:
             img = img.gpu()
@@ -220,7 +226,8 @@ def build_pipeline(
     """Builds and returns a DALI pipeline fed batch-wise by `source`.
 
     Args:
-        source: An iterable of batches (lists of 1-D uint8 numpy arrays);
+        source: An iterable of batches (lists of 1-D uint8 numpy arrays; for
+            `Input.PIXELS`, HWC uint8 arrays: CuPy with `gpu`, else numpy);
             raising StopIteration ends an epoch (`cycle="raise"`).
         spec: The output image spec.
         batch_size: The largest batch `source` yields.
@@ -234,8 +241,11 @@ def build_pipeline(
     dali = import_dali()
 
     def graph():
+        kw = {}
+        if input is Input.PIXELS:  # decoded HWC pixels, on the device they were decoded on
+            kw = dict(device="gpu" if gpu else "cpu", ndim=3, layout="HWC")
         enc = dali.fn.external_source(
-            source=source, batch=True, dtype=dali.types.UINT8, cycle="raise", name="encoded"
+            source=source, batch=True, dtype=dali.types.UINT8, cycle="raise", name="encoded", **kw
         )
         return image_graph(dali, enc, spec, gpu, input)
 

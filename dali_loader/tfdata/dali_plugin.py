@@ -105,12 +105,23 @@ GPU_TRANSFORMATIONS = frozenset({"prefetch", "with_options"})
 
 
 def resolve_handoff(handoff: Handoff | str | None, *, device: str, on_error: str,
-                    batch_size: int | None, gpu_ready: bool = False) -> Handoff:
+                    batch_size: int | None, gpu_ready: bool = False,
+                    png_gpu: bool = False) -> Handoff:
     """The handoff for a DALI dataset; None picks the host-placed plugin on the
     GPU when it holds every guarantee of the options: batched, and
     `on_error="raise"` or the GPU-ready cache (its entries were decoded by TF
     first, so a file DALI cannot decode never reaches DALI; bad files are left
-    out by the feed). `PLUGIN_GPU` is never picked: it is asked for."""
+    out by the feed). `PLUGIN_GPU` is never picked: it is asked for.
+    `png_gpu` (png_decoder="gpu") needs the generator: the plugin's
+    `DALIDatasetWithInputs` takes CPU inputs only, and its pixels are on the GPU."""
+    if png_gpu:
+        if handoff not in (None, Handoff.GENERATOR, Handoff.GENERATOR.value):
+            raise ValueError(
+                'png_decoder="gpu" needs handoff="generator" (or None): its decoded pixels '
+                "are on the GPU and enter DALI through external_source(device=\"gpu\"), "
+                "but the DALI TF plugin's DALIDatasetWithInputs takes CPU inputs only. "
+                f"Received: handoff={getattr(handoff, 'value', handoff)!r}, png_decoder='gpu'")
+        return Handoff.GENERATOR
     if handoff is None:
         plugin = device == "gpu" and batch_size is not None and (on_error == "raise" or gpu_ready)
         return Handoff.PLUGIN if plugin else Handoff.GENERATOR

@@ -28,6 +28,7 @@ import numpy as np
 
 from dali_loader.decode.dali_batches import DaliBatches
 from dali_loader.decode.dali_graph import Input, default_num_threads
+from dali_loader.decode.png_batches import PngBatches, check_png_decoder
 from dali_loader.decode.spec import ImageSpec
 from dali_loader.decode.ready_forms import (
     RAW_HEADER,
@@ -83,7 +84,8 @@ def make_loader(source: Source, index: Index, spec: ImageSpec, *, batch_size: in
                 shuffle: bool, seed: int, device: str, decoder: str | None = None,
                 num_threads: int | None = None, on_error: str = "raise",
                 max_in_flight: int = 64, shard: tuple[int, int] = (0, 1),
-                device_id: int = 0, gpu_ready: ReadyForm | None = None) -> DaliBatches | Feed:
+                device_id: int = 0, gpu_ready: ReadyForm | None = None,
+                png_decoder: str | None = None) -> DaliBatches | Feed:
     """What a dataset iterates: `DaliBatches` on the GPU (or `decoder="dali"`),
     else a `Feed` for TF's kernels. On a local disk TF reads the files; FUSE/NFS
     mounts and URLs keep the feed's read-ahead with `max_in_flight` reads.
@@ -91,13 +93,21 @@ def make_loader(source: Source, index: Index, spec: ImageSpec, *, batch_size: in
     `gpu_ready` (a `ReadyForm`, see `ready_forms.resolve_gpu_ready`) reads
     through the GPU-ready cache (`feed.ready`): each file is decoded on the CPU
     once; raw entries are then only reshaped (by TF's kernels or by DALI), TIFF
-    entries decoded by DALI."""
+    entries decoded by DALI. `png_decoder="gpu"` (DALI path, no `gpu_ready`)
+    decodes each batch's PNGs with the batched GPU PNG decoder before DALI
+    (`png_batches`), the other files with TF on the CPU; DALI only resizes."""
+    png = check_png_decoder(png_decoder, device=device, decoder=decoder, gpu_ready=gpu_ready)
     kw = dict(shuffle=shuffle, seed=seed, on_error=on_error, max_in_flight=max_in_flight,
               source=source, batch_size=batch_size, shard=shard)
     dali = decoder == "dali" or device == "gpu"
     check_form_for_decoder(gpu_ready, dali)
     if gpu_ready is not None:
         ready = ready_cache(source, gpu_ready, spec.channels)
+    if png:  # the decoder expands alpha itself: the byte checks only
+        feed = Feed(index, CheckedBytes(source), chunk_size=batch_size, **kw)
+        stage = PngBatches(spec.channels, device=device, device_id=device_id)
+        return DaliBatches(feed, spec, device=device, num_threads=num_threads,
+                           device_id=device_id, input=Input.PIXELS, png=stage)
     if dali:
         items = ReadyBytes(ready) if gpu_ready else CheckedBytes(source, rgba=spec.channels == 4)
         feed = Feed(index, items, chunk_size=batch_size, **kw)
@@ -155,7 +165,9 @@ def to_tf_dataset(loader: DaliBatches | Feed, spec: ImageSpec, batch_size: int |
     which = (epoch, start_step)
     if isinstance(loader, DaliBatches):
         handoff = resolve_handoff(handoff, device=loader.device, on_error=loader.feed.on_error,
-                                  batch_size=batch_size, gpu_ready=loader.input is not Input.FILES)
+                                  batch_size=batch_size,
+                                  gpu_ready=loader.input in (Input.READY_RAW, Input.READY_TIFF),
+                                  png_gpu=loader.input is Input.PIXELS)
     if isinstance(loader, DaliBatches) and handoff.plugin:
         ds = plugin_dataset(tf, loader, spec, batch_size, label_mode, num_classes, which,
                             _cardinality(loader.feed, batch_size, epoch, start_step), handoff)

@@ -112,7 +112,7 @@ def plan(blobs: Sequence[bytes], channels: int,
     return list(executor.map(_plan_one, blobs, [channels] * len(blobs)))
 
 
-def _simulated() -> bool:
+def simulated() -> bool:
     """Whether numba.cuda is the simulator (chosen when numba.cuda was first imported)."""
     return import_numba_cuda().jit.__module__.startswith("numba.cuda.simulator")
 
@@ -155,7 +155,7 @@ def _run(layouts: list[PngLayout], channels: int, backend: InflateBackend, launc
 
     batch = pack(layouts, channels, empty=backend.empty_host, executor=executor)
     inflated, sizes = backend.inflate(batch)
-    if _simulated():
+    if simulated():
         xp, dev = np, np.asarray
         inflated = np.asarray(inflated)
     else:
