@@ -383,25 +383,34 @@ class _BatchBuffers:
         return base[start:start + nbytes]
 
 
-def _read_entry_into(item, out: np.ndarray) -> None:
-    """Copies a raw entry's pixels (a pinned file, or bytes) into `out`."""
-    if isinstance(item, Pinned):
-        with open(item.file, "rb") as f:
-            f.seek(item.offset + RAW_HEADER)
-            if f.readinto(memoryview(out)) != out.size:
-                raise OSError(f"short read of the cache entry {item.file}")
-    else:
-        out[:] = decode_raw(item).reshape(-1)
+class _OpenEntry:
+    """A raw entry opened once: its shape from the header, then its pixels read
+    into a caller's buffer (a pinned file), or copied from its bytes."""
 
+    def __init__(self, item):
+        self.file = None
+        if isinstance(item, Pinned):
+            self.file = open(item.file, "rb")  # noqa: SIM115 - closed by read_into/close
+            self.file.seek(item.offset)
+            head = self.file.read(RAW_HEADER)
+            self.pixels = None
+        else:
+            head, self.pixels = item[:RAW_HEADER], decode_raw(item)
+        self.shape = raw_shape(head)
 
-def _entry_shape(item) -> tuple[int, int, int]:
-    if isinstance(item, Pinned):
-        with open(item.file, "rb") as f:
-            f.seek(item.offset)
-            head = f.read(RAW_HEADER)
-    else:
-        head = item[:RAW_HEADER]
-    return raw_shape(head)
+    def read_into(self, out: np.ndarray) -> None:
+        if self.file is None:
+            out[:] = self.pixels.reshape(-1)
+            return
+        try:
+            if self.file.readinto(memoryview(out)) != out.size:
+                raise OSError(f"short read of the cache entry {self.file.name}")
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
 
 
 class _ReadyEpochs:
@@ -418,12 +427,18 @@ class _ReadyEpochs:
         epoch = self.feed.epoch(*self.which)
         try:
             while (chunk := epoch.next_chunk()) is not None:
-                shapes = np.asarray([_entry_shape(it) for it in chunk.items], np.int32)
-                sizes = np.prod(shapes, axis=1)
-                flat = self.buffers.take(int(sizes.sum()))
-                ends = np.cumsum(sizes)
-                for item, end, size in zip(chunk.items, ends, sizes):
-                    _read_entry_into(item, flat[end - size:end])
+                entries = []
+                try:
+                    for item in chunk.items:
+                        entries.append(_OpenEntry(item))
+                    shapes = np.asarray([e.shape for e in entries], np.int32)
+                    sizes = np.prod(shapes, axis=1)
+                    flat = self.buffers.take(int(sizes.sum()))
+                    for entry, end, size in zip(entries, np.cumsum(sizes), sizes):
+                        entry.read_into(flat[end - size:end])
+                finally:
+                    for entry in entries:
+                        entry.close()
                 epoch.release(chunk.positions)
                 labels = epoch.labels(chunk.positions)
                 yield flat, shapes, (np.zeros(len(shapes), np.int32) if labels is None
