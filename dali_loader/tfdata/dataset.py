@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import functools
 import struct
-import sys
-import threading
 import zlib
 
 import numpy as np
@@ -349,38 +347,15 @@ def _tf_kernel_dataset(tf, feed: Feed, spec: ImageSpec, batch_size: int | None,
     return (ds.unbatch() if batch_size is None else ds), epochs.registry
 
 
-class _BatchBuffers:
-    """Reused, 64-byte aligned uint8 buffers for the batches handed to TF.
+ALIGN = 64  # TF shares an aligned numpy buffer's memory instead of copying it
 
-    TF shares an aligned numpy buffer's memory instead of copying it, and holds
-    a reference to it while any tensor uses it. A buffer is reused only when the
-    pool holds the one reference left, so a batch still in TF's hands is never
-    written; otherwise a new one is made. Reuse spares the fresh pages a new
-    buffer costs on every batch (docs/gpu_ready.md)."""
 
-    ALIGN = 64
-
-    def __init__(self, keep: int = 6):
-        self.keep = keep
-        self._pool: list[np.ndarray] = []
-        self._lock = threading.Lock()
-
-    def take(self, nbytes: int) -> np.ndarray:
-        """A 1-D uint8 array of `nbytes`, aligned, that nothing else uses."""
-        with self._lock:
-            for k, base in enumerate(self._pool):
-                # Two references: the pool's list and getrefcount's argument.
-                if base.size >= nbytes + self.ALIGN and sys.getrefcount(base) == 2:
-                    break
-            else:
-                base = np.empty(nbytes + nbytes // 8 + self.ALIGN, np.uint8)
-                if len(self._pool) < self.keep:
-                    self._pool.append(base)
-                elif self._pool:  # replace the smallest: sizes follow the data
-                    small = min(range(len(self._pool)), key=lambda i: self._pool[i].size)
-                    self._pool[small] = base
-        start = (-base.__array_interface__["data"][0]) % self.ALIGN
-        return base[start:start + nbytes]
+def _aligned_empty(nbytes: int) -> np.ndarray:
+    """A 1-D uint8 array of `nbytes` whose data is `ALIGN`-byte aligned, so that
+    `from_generator` hands it to TF without a copy (TF keeps it alive while used)."""
+    base = np.empty(nbytes + ALIGN, np.uint8)
+    start = (-base.__array_interface__["data"][0]) % ALIGN
+    return base[start:start + nbytes]
 
 
 class _OpenEntry:
@@ -415,13 +390,12 @@ class _OpenEntry:
 
 class _ReadyEpochs:
     """What the GPU-ready cache's generator calls on the TF path, once per iterator:
-    whole batches of raw entries, read into one reused buffer (one copy, from the
-    page cache), with the images' shapes."""
+    whole batches of raw entries, read into one aligned buffer (one copy, from the
+    page cache, shared with TF), with the images' shapes."""
 
     def __init__(self, feed: Feed, which: tuple[int | None, int]):
         self.feed = feed
         self.which = which
-        self.buffers = _BatchBuffers()
 
     def epoch(self):
         epoch = self.feed.epoch(*self.which)
@@ -433,7 +407,7 @@ class _ReadyEpochs:
                         entries.append(_OpenEntry(item))
                     shapes = np.asarray([e.shape for e in entries], np.int32)
                     sizes = np.prod(shapes, axis=1)
-                    flat = self.buffers.take(int(sizes.sum()))
+                    flat = _aligned_empty(int(sizes.sum()))
                     for entry, end, size in zip(entries, np.cumsum(sizes), sizes):
                         entry.read_into(flat[end - size:end])
                 finally:
@@ -443,7 +417,6 @@ class _ReadyEpochs:
                 labels = epoch.labels(chunk.positions)
                 yield flat, shapes, (np.zeros(len(shapes), np.int32) if labels is None
                                      else labels.astype(np.int32))
-                del flat  # only TF may hold it now
         finally:
             epoch.close()
 
