@@ -17,7 +17,7 @@ import numpy as np
 from dali_loader.api import open_index
 from dali_loader.args import positive_int
 from dali_loader.decode.devices import dali_gpu_count, resolve_device
-from dali_loader.decode.png_batches import check_png_decoder
+from dali_loader.decode.png_stage import PngDecoder, resolve_png_decoder
 from dali_loader.decode.ready_forms import (
     TIFF_GPU_DECODE_VERIFIED,
     ReadyForm,
@@ -230,14 +230,19 @@ def image_dataset_from_directory(
             batches (docs/service.md). Combines with the CPU options only
             (decoder None or "tf"; not DALI, `gpu_ready`, `handoff` or
             `input_context`).
-        png_decoder: None (PNGs decoded by nvImageCodec on the CPU inside
-            DALI; the default) or "gpu": each batch's PNGs decoded by the
-            batched GPU PNG decoder (nvCOMP + CUDA kernels; unverified on a
-            GPU, off by default), the other files by TF on the CPU, DALI
-            only resizes. Needs the DALI path (device="gpu", or
-            decoder="dali" on the CPU, where its kernels run under
-            numba-cuda's simulator), the generator handoff (the plugin takes
-            CPU inputs only) and no `gpu_ready`. docs/png_gpu.md.
+        png_decoder: Who decodes PNGs. None: Wuffs where it is installed
+            (`make install` builds it; else libpng, said once), "wuffs": Wuffs,
+            about twice libpng's speed and exactly TF's pixels (the files it
+            does not reproduce go to TF's decoder, counted in `epoch_stats`),
+            on every path but the tf.data service (TF's graph); on the DALI
+            path PNGs enter DALI as pixels, other files are decoded by DALI.
+            "libpng": TF's decoder on the CPU path, DALI's (nvImageCodec) on
+            the DALI path. "gpu": the batched GPU PNG decoder (nvCOMP + CUDA
+            kernels; unverified on a GPU, experimental), the other files by TF
+            on the CPU, DALI only resizes; needs the DALI path (device="gpu",
+            or decoder="dali" on the CPU, where its kernels run under
+            numba-cuda's simulator), the generator handoff and no `gpu_ready`.
+            docs/png_cpu.md, docs/png_gpu.md.
 
     Returns:
         A `tf.data.Dataset`, or a list of two for `subset="both"`, each with
@@ -267,8 +272,14 @@ def image_dataset_from_directory(
         )
     dali = decoder == "dali" or device == "gpu"
     check_form_for_decoder(gpu_ready, dali)
-    png_gpu = check_png_decoder(png_decoder, device=device, decoder=decoder,
-                                gpu_ready=gpu_ready)
+    if address is not None and png_decoder not in (None, "libpng"):
+        raise ValueError(
+            "The tf.data service's workers run a pure TF graph: PNGs are decoded by TF's "
+            'libpng there. Pass png_decoder=None (or "libpng") with `service`. '
+            f"Received: png_decoder={png_decoder!r}, service={service!r}")
+    png_decoder = resolve_png_decoder(png_decoder, device=device, decoder=decoder,
+                                      gpu_ready=gpu_ready)
+    png_gpu = png_decoder is PngDecoder.GPU
     if gpu_ready is ReadyForm.TIFF and device == "gpu" and not TIFF_GPU_DECODE_VERIFIED:
         logger.warning(
             'gpu_ready="tiff": whether DALI decodes these TIFFs on the GPU is unverified; on a '

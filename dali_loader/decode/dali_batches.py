@@ -145,7 +145,7 @@ class DaliBatches:
         if self.input is Input.PIXELS:
             return [{"gpu_png_decodes": 0, "cpu_decodes": 0, **t}
                     for t in list(self.feed.epoch_tallies)]
-        if self.input is not Input.FILES:
+        if self.input not in (Input.FILES, Input.FILES_OR_RAW):
             return self.feed.epoch_stats
         gpu = self.device == "gpu"
         return [dict(t, cpu_decodes=t.get("files", 0) - (t.get("jpeg", 0) if gpu else 0))

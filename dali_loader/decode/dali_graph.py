@@ -13,7 +13,7 @@ import enum
 import os
 from typing import Any
 
-from dali_loader.decode.ready_forms import RAW_HEADER
+from dali_loader.decode.ready_forms import RAW_HEADER, RAW_MAGIC
 from dali_loader.decode.spec import ImageSpec
 from dali_loader.lazy import import_dali
 
@@ -27,6 +27,9 @@ class Input(enum.Enum):
     # Pixels decoded before DALI (HWC uint8, the output's colour mode; `png_batches`):
     # CuPy arrays on a GPU (external_source device="gpu"), numpy on the CPU.
     PIXELS = "pixels"
+    # The files, each PNG already decoded into a raw entry (`png_stage`, Keras's
+    # pixels): raw entries are reshaped, the other files decoded (a per-sample branch).
+    FILES_OR_RAW = "files-or-raw"
 
 
 _READY_TYPES = {1: "GRAY", 3: "RGB", 4: "ANY_DATA"}
@@ -152,6 +155,32 @@ def raw_pixels(dali, entry):
     return fn.reshape(pixels, shape=hwc, layout="HWC")
 
 
+def _decode_file(dali, encoded, channels: int, gpu: bool):
+    """A file's bytes -> HWC uint8 in `channels`, on the graph's device."""
+    t = dali.types
+    if channels == 4:
+        img = _to_rgba(dali, _decode(dali, encoded, gpu=False, output_type=t.ANY_DATA))
+        return img.gpu() if gpu else img
+    img = _decode(dali, encoded, gpu=gpu, output_type=t.RGB)
+    return _to_gray(dali, img) if channels == 1 else img
+
+
+def _raw_on_device(dali, entry, gpu: bool):
+    img = raw_pixels(dali, entry)
+    return img.gpu() if gpu else img
+
+
+def _is_raw(dali, encoded):
+    """Per sample: whether the bytes start with `ready_forms.RAW_MAGIC` (no image
+    format DALI decodes starts so)."""
+    fn, t = dali.fn, dali.types
+    head = fn.cast(fn.slice(encoded, start=[0], shape=[4], axes=[0],
+                            out_of_bounds_policy="pad", fill_values=0), dtype=t.INT32)
+    magic = [int(b) for b in RAW_MAGIC]
+    return ((head[0] == magic[0]) & (head[1] == magic[1]) & (head[2] == magic[2])
+            & (head[3] == magic[3]))
+
+
 def image_graph(dali, encoded, spec: ImageSpec, gpu: bool, input: Input = Input.FILES):
     """Builds decode -> colour -> crop/pad -> resize on DataNode `encoded`.
 
@@ -165,19 +194,16 @@ def image_graph(dali, encoded, spec: ImageSpec, gpu: bool, input: Input = Input.
     if input is Input.PIXELS:
         img = encoded
     elif input is Input.READY_RAW:
-        img = raw_pixels(dali, encoded)
-        if gpu:
-            img = img.gpu()
+        img = _raw_on_device(dali, encoded, gpu)
     elif input is Input.READY_TIFF:
         img = decode_ready(dali, encoded, spec.channels, gpu)
-    elif spec.channels == 4:
-        img = _to_rgba(dali, _decode(dali, encoded, gpu=False, output_type=t.ANY_DATA))
-        if gpu:
-            img = img.gpu()
+    elif input is Input.FILES_OR_RAW:
+        if _is_raw(dali, encoded):  # a per-sample branch (enable_conditionals)
+            img = _raw_on_device(dali, encoded, gpu)
+        else:
+            img = _decode_file(dali, encoded, spec.channels, gpu)
     else:
-        img = _decode(dali, encoded, gpu=gpu, output_type=t.RGB)
-        if spec.channels == 1:
-            img = _to_gray(dali, img)
+        img = _decode_file(dali, encoded, spec.channels, gpu)
     interp, antialias = _interp(dali, spec.interpolation)
     out_dtype = t.UINT8 if spec.output_uint8 else t.FLOAT
     th, tw = spec.height, spec.width
@@ -263,7 +289,8 @@ def make_pipeline(graph, spec: ImageSpec, batch_size: int, *, gpu: bool, device_
     dali = import_dali()
     return dali.pipeline_def(
         graph,
-        enable_conditionals=spec.channels == 4 and input is Input.FILES,
+        enable_conditionals=(input is Input.FILES_OR_RAW
+                             or (spec.channels == 4 and input is Input.FILES)),
         batch_size=batch_size,
         num_threads=num_threads or default_num_threads(),
         device_id=device_id if gpu else None,

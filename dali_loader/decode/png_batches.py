@@ -24,33 +24,10 @@ from dali_loader.feed.checks import sniff
 from dali_loader.feed.epochs import Chunk, FeedEpoch
 from dali_loader.lazy import import_cupy, import_numba_cuda
 
-PNG_DECODERS = (None, "gpu")
-
 # Each simulated CUDA thread is a Python thread: small launches on the CPU.
 SIMULATOR_LAUNCH = Launch(adler_threads=16, unfilter_threads=8, expand_threads=1,
                           expand_blocks=1)
 
-
-def check_png_decoder(png_decoder, *, device: str, decoder: str | None, gpu_ready) -> bool:
-    """Whether the batched PNG decoder is asked for; raises on a combination it
-    cannot serve (it needs the DALI path: device="gpu", or decoder="dali")."""
-    if png_decoder not in PNG_DECODERS:
-        raise ValueError('`png_decoder` must be None (PNGs decoded by nvImageCodec on the CPU '
-                         'inside DALI) or "gpu" (the batched GPU PNG decoder). '
-                         f"Received: png_decoder={png_decoder!r}")
-    if png_decoder is None:
-        return False
-    if not (device == "gpu" or decoder == "dali"):
-        raise ValueError('png_decoder="gpu" feeds decoded pixels to the DALI graph; it needs '
-                         'device="gpu", or decoder="dali" on the CPU (where the decoder\'s '
-                         f'kernels run under numba-cuda\'s simulator). Received: '
-                         f"png_decoder={png_decoder!r}, device={device!r}, decoder={decoder!r}")
-    if gpu_ready is not None:
-        form = getattr(gpu_ready, "value", gpu_ready)
-        raise ValueError('png_decoder="gpu" and `gpu_ready` cannot be combined: the GPU-ready '
-                         "cache already decodes every file once. Received: "
-                         f"png_decoder={png_decoder!r}, gpu_ready={form!r}")
-    return True
 
 
 class PngBatches:

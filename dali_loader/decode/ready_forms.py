@@ -52,7 +52,7 @@ def encode_raw(pixels: np.ndarray) -> bytes:
     """`RAW_MAGIC`, height, width, channels (uint32 LE), then the pixels."""
     pixels = _as_hwc(pixels)
     h, w, c = pixels.shape
-    return RAW_MAGIC + struct.pack("<III", h, w, c) + pixels.tobytes()
+    return b"".join((RAW_MAGIC, struct.pack("<III", h, w, c), pixels.data))  # one copy
 
 
 def raw_shape(head: bytes) -> tuple[int, int, int]:

@@ -26,7 +26,14 @@ import numpy as np
 
 from dali_loader.decode.dali_batches import DaliBatches
 from dali_loader.decode.dali_graph import Input, default_num_threads
-from dali_loader.decode.png_batches import PngBatches, check_png_decoder
+from dali_loader.decode.png_batches import PngBatches
+from dali_loader.decode.png_stage import (
+    KerasPixels,
+    PixelItems,
+    PngDecoder,
+    RawOrCheckedItems,
+    resolve_png_decoder,
+)
 from dali_loader.decode.spec import ImageSpec
 from dali_loader.decode.ready_forms import (
     RAW_HEADER,
@@ -83,7 +90,7 @@ def make_loader(source: Source, index: Index, spec: ImageSpec, *, batch_size: in
                 num_threads: int | None = None, on_error: str = "raise",
                 max_in_flight: int = 64, shard: tuple[int, int] = (0, 1),
                 device_id: int = 0, gpu_ready: ReadyForm | None = None,
-                png_decoder: str | None = None) -> DaliBatches | Feed:
+                png_decoder: PngDecoder | str | None = None) -> DaliBatches | Feed:
     """What a dataset iterates: `DaliBatches` on the GPU (or `decoder="dali"`),
     else a `Feed` for TF's kernels. On a local disk TF reads the files; FUSE/NFS
     mounts and URLs keep the feed's read-ahead with `max_in_flight` reads.
@@ -91,30 +98,47 @@ def make_loader(source: Source, index: Index, spec: ImageSpec, *, batch_size: in
     `gpu_ready` (a `ReadyForm`, see `ready_forms.resolve_gpu_ready`) reads
     through the GPU-ready cache (`feed.ready`): each file is decoded on the CPU
     once; raw entries are then only reshaped (by TF's kernels or by DALI), TIFF
-    entries decoded by DALI. `png_decoder="gpu"` (DALI path, no `gpu_ready`)
+    entries decoded by DALI. `png_decoder` (`png_stage.resolve_png_decoder`):
+    with Wuffs (the default where installed) every PNG is decoded on the
+    feed's threads (`png_stage`), the TF path resizes whole batches of pixels,
+    and DALI reshapes PNGs' raw pixels and decodes only the other files;
+    "libpng" keeps TF's or DALI's decoder; "gpu" (DALI path, no `gpu_ready`)
     decodes each batch's PNGs with the batched GPU PNG decoder before DALI
     (`png_batches`), the other files with TF on the CPU; DALI only resizes."""
-    png = check_png_decoder(png_decoder, device=device, decoder=decoder, gpu_ready=gpu_ready)
+    png = resolve_png_decoder(png_decoder, device=device, decoder=decoder, gpu_ready=gpu_ready)
     kw = dict(shuffle=shuffle, seed=seed, on_error=on_error, max_in_flight=max_in_flight,
               source=source, batch_size=batch_size, shard=shard)
     dali = decoder == "dali" or device == "gpu"
     check_form_for_decoder(gpu_ready, dali)
+    threads = num_threads or default_num_threads()
+    pixels = KerasPixels(spec.channels, threads) if png is PngDecoder.WUFFS else None
     if gpu_ready is not None:
-        ready = ready_cache(source, gpu_ready, spec.channels)
-    if png:  # the decoder expands alpha itself: the byte checks only
+        ready = ready_cache(source, gpu_ready, spec.channels, pixels)
+    if png is PngDecoder.GPU:  # the decoder expands alpha itself: the byte checks only
         feed = Feed(index, CheckedBytes(source), chunk_size=batch_size, **kw)
         stage = PngBatches(spec.channels, device=device, device_id=device_id)
         return DaliBatches(feed, spec, device=device, num_threads=num_threads,
                            device_id=device_id, input=Input.PIXELS, png=stage)
     if dali:
-        items = ReadyBytes(ready) if gpu_ready else CheckedBytes(source, rgba=spec.channels == 4)
+        if gpu_ready:
+            items = ReadyBytes(ready)
+        elif pixels is not None:
+            items = RawOrCheckedItems(source, pixels)
+        else:
+            items = CheckedBytes(source, rgba=spec.channels == 4)
         feed = Feed(index, items, chunk_size=batch_size, **kw)
         input = {None: Input.FILES, ReadyForm.RAW: Input.READY_RAW,
                  ReadyForm.TIFF: Input.READY_TIFF}[gpu_ready]
+        if input is Input.FILES and pixels is not None:
+            input = Input.FILES_OR_RAW
         return DaliBatches(feed, spec, device=device, num_threads=num_threads,
                            device_id=device_id, input=input)
     if gpu_ready is not None:  # whole batches of entries, resized as one tensor
         return Feed(index, ReadyPinned(ready), chunk_size=batch_size, **kw)
+    if pixels is not None:  # whole batches of pixels decoded on the feed's threads
+        # Decoded pixels wait in the read-ahead window: one batch, not two.
+        return Feed(index, PixelItems(source, pixels), chunk_size=batch_size,
+                    read_ahead=batch_size, **kw)
     items = {SourceKind.LOCAL_DISK: Paths(), SourceKind.NETWORK_FS: RawBytes(source),
              SourceKind.REMOTE: PinnedOrBytes(source)}[source.kind]
     # TF batches again after decoding: small chunks let decoding start on the
@@ -122,9 +146,12 @@ def make_loader(source: Source, index: Index, spec: ImageSpec, *, batch_size: in
     return Feed(index, items, chunk_size=min(batch_size, TF_CHUNK), **kw)
 
 
-def ready_cache(source: Source, form: ReadyForm, channels: int) -> ReadyCache:
-    """The GPU-ready cache of `source` in `form`, filled by TF's decoder."""
-    return ReadyCache(source, form, channels, functools.partial(_keras_pixels, channels))
+def ready_cache(source: Source, form: ReadyForm, channels: int,
+                pixels: KerasPixels | None = None) -> ReadyCache:
+    """The GPU-ready cache of `source` in `form`, filled by `pixels` (PNGs by
+    Wuffs) or else TF's decoder."""
+    decode = functools.partial(_keras_pixels, channels) if pixels is None else pixels
+    return ReadyCache(source, form, channels, decode)
 
 
 def _keras_pixels(channels: int, data: bytes, path: str) -> np.ndarray:
@@ -179,7 +206,7 @@ def to_tf_dataset(loader: DaliBatches | Feed, spec: ImageSpec, batch_size: int |
     if isinstance(loader, DaliBatches):
         ds = _dali_dataset(tf, loader, spec, batch_size, which)
         feed = loader.feed
-    elif isinstance(loader.items, ReadyPinned):
+    elif isinstance(loader.items, (ReadyPinned, PixelItems)):
         ds = _ready_dataset(tf, loader, spec, batch_size, num_threads, which)
         feed = loader
     else:
@@ -360,10 +387,14 @@ def _aligned_empty(nbytes: int) -> np.ndarray:
 
 class _OpenEntry:
     """A raw entry opened once: its shape from the header, then its pixels read
-    into a caller's buffer (a pinned file), or copied from its bytes."""
+    into a caller's buffer (a pinned file), or copied from its bytes; or pixels
+    decoded on the feed's threads (`png_stage.PixelItems`), copied."""
 
     def __init__(self, item):
         self.file = None
+        if isinstance(item, np.ndarray):
+            self.pixels, self.shape = item, item.shape
+            return
         if isinstance(item, Pinned):
             self.file = open(item.file, "rb")  # noqa: SIM115 - closed by read_into/close
             self.file.seek(item.offset)
@@ -389,9 +420,10 @@ class _OpenEntry:
 
 
 class _ReadyEpochs:
-    """What the GPU-ready cache's generator calls on the TF path, once per iterator:
-    whole batches of raw entries, read into one aligned buffer (one copy, from the
-    page cache, shared with TF), with the images' shapes."""
+    """What the generator calls on the TF path, once per iterator, when the feed's
+    items are pixels (GPU-ready cache entries, or `png_stage.PixelItems`): whole
+    batches of them, read or copied into one aligned buffer (shared with TF), with
+    the images' shapes."""
 
     def __init__(self, feed: Feed, which: tuple[int | None, int]):
         self.feed = feed
@@ -423,9 +455,11 @@ class _ReadyEpochs:
 
 def _ready_dataset(tf, feed: Feed, spec: ImageSpec, batch_size: int | None,
                    num_threads: int | None, which: tuple[int | None, int]):
-    """The TF path over the GPU-ready cache's raw entries: nothing to decode,
-    so no audit; a batch of same-size images is resized as one tensor (one
-    output allocation per batch instead of one per image and op)."""
+    """The TF path over pixels (the GPU-ready cache's raw entries, or files the
+    feed decoded): nothing to decode in the graph, so no audit (a file that
+    cannot be decoded was the feed's `on_error`); a batch of same-size images is
+    resized as one tensor (one output allocation per batch instead of one per
+    image and op)."""
     epochs = _ReadyEpochs(feed, which)
     sig = (tf.TensorSpec((None,), tf.uint8), tf.TensorSpec((None, 3), tf.int32),
            tf.TensorSpec((None,), tf.int32))

@@ -1,0 +1,162 @@
+"""Which PNG decoder runs, and the CPU decode stage that runs the fast one.
+
+`png_decoder` picks who decodes PNGs (`PngDecoder`): Wuffs (`png_cpu`), exactly
+TF's pixels and about twice libpng's speed where it is installed, the default;
+libpng as before (TF's kernels on the CPU path, DALI's nvImageCodec on the DALI
+path); or the batched GPU decoder (`png_batches`, experimental).
+
+With Wuffs, every file is decoded on the feed's read-ahead threads, where the
+GIL is released while Wuffs works, at most `num_threads` at once:
+- `KerasPixels`: a file's bytes -> the HxWxC uint8 pixels Keras decodes. PNGs
+  through Wuffs; the PNGs it leaves (`png_cpu.Fallback`) and other formats
+  through TF's own decoder, eagerly (libpng, libjpeg, as Keras).
+- `PixelItems`: item reader for the TF path: pixels (the dataset resizes each
+  batch; nothing is decoded in the graph).
+- `RawOrCheckedItems`: item reader for the DALI path: a PNG becomes a raw pixel
+  entry (`ready_forms.ReadyForm.RAW`) that DALI only reshapes; other files stay
+  checked bytes that DALI decodes (JPEG with nvJPEG on a GPU).
+A file TF rejects raises `CorruptImageError` naming it: the feed's `on_error`.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import threading
+
+import numpy as np
+
+from dali_loader.decode import png_cpu
+from dali_loader.decode.ready_forms import encode_raw
+from dali_loader.decode.tf_kernels import pixels_like_keras
+from dali_loader.feed.checks import prepare, sniff
+from dali_loader.feed.items import read_bytes
+from dali_loader.lazy import import_tf
+
+logger = logging.getLogger(__name__)
+
+
+class PngDecoder(str, enum.Enum):
+    """Who decodes PNG files."""
+
+    WUFFS = "wuffs"  # png_cpu: Wuffs on the CPU, TF's pixels, the default where installed
+    LIBPNG = "libpng"  # TF's decode_png on the TF path, nvImageCodec inside DALI
+    GPU = "gpu"  # the batched GPU decoder (png_batches; experimental, off by default)
+
+
+PNG_DECODERS = (None, *(d.value for d in PngDecoder))
+_said_missing = threading.Event()
+
+
+def resolve_png_decoder(png_decoder, *, device: str, decoder: str | None, gpu_ready) -> PngDecoder:
+    """The `PngDecoder` for these options; None picks Wuffs where it is installed
+    (else libpng, said once). Raises on a combination that cannot be served."""
+    if png_decoder not in PNG_DECODERS and not isinstance(png_decoder, PngDecoder):
+        raise ValueError('`png_decoder` must be None (Wuffs where installed, else libpng), '
+                         '"wuffs", "libpng" or "gpu" (the batched GPU decoder, experimental). '
+                         f"Received: png_decoder={png_decoder!r}")
+    if png_decoder is None:
+        if png_cpu.available():
+            return PngDecoder.WUFFS
+        if not _said_missing.is_set():
+            _said_missing.set()
+            logger.warning("The fast PNG decoder (Wuffs) is not installed: PNGs are decoded by "
+                           "libpng, about half as fast. `make install` builds it "
+                           "(pip install pywuffs==2.0.1).")
+        return PngDecoder.LIBPNG
+    png_decoder = PngDecoder(png_decoder)
+    if png_decoder is PngDecoder.WUFFS and not png_cpu.available():
+        raise ImportError('png_decoder="wuffs" needs Wuffs\' Python bindings: '
+                          "pip install pywuffs==2.0.1 (`make install` builds it).")
+    if png_decoder is PngDecoder.GPU:
+        if not (device == "gpu" or decoder == "dali"):
+            raise ValueError(
+                'png_decoder="gpu" feeds decoded pixels to the DALI graph; it needs '
+                'device="gpu", or decoder="dali" on the CPU (where the decoder\'s '
+                f'kernels run under numba-cuda\'s simulator). Received: '
+                f"png_decoder={png_decoder.value!r}, device={device!r}, decoder={decoder!r}")
+        if gpu_ready is not None:
+            form = getattr(gpu_ready, "value", gpu_ready)
+            raise ValueError('png_decoder="gpu" and `gpu_ready` cannot be combined: the GPU-ready '
+                             "cache already decodes every file once. Received: "
+                             f"png_decoder='gpu', gpu_ready={form!r}")
+    return png_decoder
+
+
+class KerasPixels:
+    """`(data, path) -> pixels` exactly as Keras decodes them, PNGs by Wuffs.
+
+    Args:
+        channels: 1, 3 or 4 (Keras's colour mode).
+        num_threads: Decodes at once (the CPU work; reads in flight are not limited).
+
+    Counts `png_fast` (PNGs Wuffs decoded) and `png_fallbacks` (PNGs left to
+    TF's libpng) into a `tally`, and in `counts` since creation.
+    """
+
+    def __init__(self, channels: int, num_threads: int):
+        self.channels = channels
+        self._slots = threading.BoundedSemaphore(num_threads)
+        self._lock = threading.Lock()
+        self.counts = {"png_fast": 0, "png_fallbacks": 0}
+
+    def _count(self, what: str, tally) -> None:
+        with self._lock:
+            self.counts[what] += 1
+        if tally is not None:
+            tally.add(what)
+
+    def __call__(self, data: bytes, path: str, tally=None) -> np.ndarray:
+        with self._slots:
+            png = data[:8] == png_cpu.SIGNATURE
+            if png:
+                px = png_cpu.decode_png(data, self.channels)
+                if not isinstance(px, png_cpu.Fallback):
+                    self._count("png_fast", tally)
+                    return px
+                self._count("png_fallbacks", tally)
+            return pixels_like_keras(data, path, self.channels, import_tf())
+
+
+class PixelItems:
+    """Item reader for the TF path: each file's Keras pixels (HxWxC uint8)."""
+
+    io = True
+    holds = False
+    tallies = True
+
+    def __init__(self, source, pixels: KerasPixels):
+        self.source = source
+        self.pixels = pixels
+
+    def __call__(self, path: str, tally=None) -> np.ndarray:
+        return self.pixels(read_bytes(self.source, path), path, tally)
+
+    def release(self, item) -> None:
+        pass
+
+
+class RawOrCheckedItems:
+    """Item reader for the DALI path: a PNG as a raw pixel entry (Keras's pixels,
+    nothing left to decode), any other file as checked bytes for DALI's decoder
+    (`jpeg` counted, the files a GPU decodes)."""
+
+    io = True
+    holds = False
+    tallies = True
+
+    def __init__(self, source, pixels: KerasPixels):
+        self.source = source
+        self.pixels = pixels
+
+    def __call__(self, path: str, tally=None) -> bytes:
+        data = read_bytes(self.source, path)
+        if data[:8] == png_cpu.SIGNATURE:
+            return encode_raw(self.pixels(data, path, tally))
+        data = prepare(data, path, rgba=self.pixels.channels == 4)
+        if tally is not None and sniff(data) == "jpeg":
+            tally.add("jpeg")
+        return data
+
+    def release(self, item) -> None:
+        pass
