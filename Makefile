@@ -21,8 +21,9 @@ $(STAMP): pyproject.toml Makefile
 	$(VPY) -m pip install -q "$(TF_PKG)==$(TF_VERSION)" "nvidia-dali-cuda120==$(DALI_VERSION)"
 	# 2. The plugin (an sdist, about a minute of g++), against the installed TF.
 	$(VPY) -m pip install -q --no-build-isolation "nvidia-dali-tf-plugin-cuda120==$(DALI_VERSION)"
-	# 3. The project, editable, with its test and benchmark extras.
-	$(VPY) -m pip install -q -e ".[test,bench]"
+	# 3. The project, editable, with its test and benchmark extras and the fast PNG
+	#    decoder (pywuffs: an sdist, about a minute of g++).
+	$(VPY) -m pip install -q -e ".[test,bench,png]"
 	touch $(STAMP)
 
 test: install

@@ -49,6 +49,9 @@ def add_parsers(subparsers) -> None:
                    help="with --gpu-ready: raw pixels (default; what gpu_ready=True reads on "
                         "every path) or TIFF (gpu_ready=\"tiff\", DALI only)")
     _add_cache_dir(p)
+    p.add_argument("--png-decoder", choices=("wuffs", "libpng"), default=None,
+                   help="with --gpu-ready: who decodes PNGs (default: Wuffs where installed, "
+                        "else libpng; the same pixels)")
     p.add_argument("--cache-max-bytes", type=parse_size, default=None,
                    help="cache size bound, e.g. 200G (default: half the free disk space)")
     p.add_argument("--max-in-flight", type=int, default=64, help="concurrent downloads (default 64)")
@@ -135,6 +138,8 @@ def _prefetch_ready(args: argparse.Namespace) -> int:
 
     from dali_loader.api import open_index
     from dali_loader.decode.ready_forms import ReadyForm
+    from dali_loader.decode.dali_graph import default_num_threads
+    from dali_loader.decode.png_stage import KerasPixels, PngDecoder, resolve_png_decoder
     from dali_loader.decode.spec import channels_for
     from dali_loader.errors import BadFileError
     from dali_loader.tfdata.dataset import ready_cache
@@ -146,8 +151,12 @@ def _prefetch_ready(args: argparse.Namespace) -> int:
     start = time.monotonic()
     src, index = open_index(args.url, labels=None, shuffle=False, cache_dir=args.cache_dir,
                             cache_max_bytes=args.cache_max_bytes, max_in_flight=args.max_in_flight)
+    png = resolve_png_decoder(args.png_decoder, device="cpu", decoder=None, gpu_ready=None)
+    # Decodes run on the pool's threads, at most one per core at once (Wuffs frees the GIL).
+    pixels = KerasPixels(channels, default_num_threads()) if png is PngDecoder.WUFFS else None
     with src:
-        ready = ready_cache(src, ReadyForm.TIFF if form == "tiff" else ReadyForm.RAW, channels)
+        ready = ready_cache(src, ReadyForm.TIFF if form == "tiff" else ReadyForm.RAW, channels,
+                            pixels)
         failed: list[str] = []
         source_bytes = entry_bytes = 0
         with cf.ThreadPoolExecutor(args.max_in_flight, thread_name_prefix="prefetch") as pool, \
@@ -169,6 +178,11 @@ def _prefetch_ready(args: argparse.Namespace) -> int:
             f"{ready.fills} decoded and cached, {ready.hits} already cached, {len(failed)} failed, "
             f"in {time.monotonic() - start:.1f} s; {entry_bytes} bytes cached for {source_bytes} "
             f"source bytes ({ratio:.2f}x); cache {src.cache.root}\n")
+        if pixels is not None:
+            sys.stdout.write(f"PNG decoder: Wuffs ({pixels.counts['png_fast']} PNGs; "
+                             f"{pixels.counts['png_fallbacks']} left to libpng)\n")
+        else:
+            sys.stdout.write("PNG decoder: libpng (TF's)\n")
     return 1 if failed else 0
 
 

@@ -1,0 +1,174 @@
+"""The fast CPU PNG decoder (Wuffs): TF's outcome for every file, on PngSuite, photos with
+every filter type and a seeded mutation corpus, in the three colour modes."""
+
+from __future__ import annotations
+
+import collections
+import io
+
+import numpy as np
+import pytest
+
+from dali_loader.decode import png_cpu
+from dali_loader.decode.png_cpu import Fallback, decode_png
+from dali_loader.decode.png_stage import KerasPixels
+from dali_loader.errors import CorruptImageError
+from dali_loader.testing.png_mutations import MUTATIONS, corpus, mutate
+from dali_loader.testing.pngs import chunk, encode_png, photo
+
+tf = pytest.importorskip("tensorflow")
+pytestmark = pytest.mark.skipif(not png_cpu.available(), reason="pywuffs is not installed")
+
+MODES = (1, 3, 4)
+
+
+def tf_outcome(data: bytes, channels: int) -> np.ndarray | None:
+    """TF's pixels, or None when TF rejects the file."""
+    try:
+        return tf.io.decode_png(data, channels=channels).numpy()
+    except (tf.errors.OpError, ValueError):
+        return None
+
+
+def compare(data: bytes, channels: int) -> str:
+    """'fast' (same pixels), 'fallback' (left to TF), or what went wrong."""
+    ref = tf_outcome(data, channels)
+    got = decode_png(data, channels)
+    if isinstance(got, Fallback):
+        return "fallback" if ref is not None else "fallback-rejected"
+    if ref is None:
+        return "WUFFS DECODES A FILE TF REJECTS"
+    if ref.shape != got.shape or ref.dtype != got.dtype or not np.array_equal(ref, got):
+        return "PIXELS DIFFER"
+    return "fast"
+
+
+def test_pngsuite_every_file_every_mode(pngsuite):
+    outcomes = collections.Counter()
+    wrong = []
+    for path in sorted(pngsuite.glob("*.png")):
+        data = path.read_bytes()
+        for c in MODES:
+            o = compare(data, c)
+            outcomes[o] += 1
+            if o not in ("fast", "fallback", "fallback-rejected"):
+                wrong.append((path.name, c, o))
+    assert not wrong, wrong
+    # The decoder takes most files (every colour type, bit depth and interlacing);
+    # the ones it leaves are tRNS colour keys and gamma-converted greys.
+    assert outcomes["fast"] >= 400, outcomes
+    assert outcomes["fallback-rejected"] >= 14 * 3, outcomes  # the corrupt x* files
+
+
+def _bases() -> list[bytes]:
+    """Small PNGs of every 8-bit colour type with all five filter types, a palette
+    with and without tRNS, and Pillow photos (its own filter choice)."""
+    from PIL import Image
+
+    rng = np.random.default_rng(7)
+    rgb = photo(rng, 23, 31)
+    out = []
+    for c in (1, 2, 3, 4):
+        px = rgb[:, :, :c] if c != 2 else np.stack([rgb[:, :, 0], rgb[:, :, 1]], -1)
+        out.append(encode_png(px, (0, 1, 2, 3, 4)))
+    pal = rng.integers(0, 256, (16, 3), dtype=np.uint8)
+    idx = rng.integers(0, 16, (19, 27), dtype=np.uint8)
+    out.append(encode_png(idx, (0, 4), palette=pal))
+    out.append(encode_png(idx, (1, 2), palette=pal, trns=bytes(range(0, 160, 10))))
+    gamma = chunk(b"gAMA", (45455).to_bytes(4, "big"))
+    out.append(encode_png(rgb, (4,), extra_chunks=gamma))
+    for mode in ("RGB", "RGBA", "L", "LA", "P"):
+        buf = io.BytesIO()
+        Image.fromarray(photo(rng, 29, 21)).convert(mode).save(buf, format="PNG")
+        out.append(buf.getvalue())
+    return out
+
+
+@pytest.mark.parametrize("filters", [(0,), (1,), (2,), (3,), (4,), (0, 1, 2, 3, 4)])
+@pytest.mark.parametrize("c", [1, 3, 4])
+def test_photos_every_filter_type(filters, c):
+    rng = np.random.default_rng(len(filters) * 10 + c)
+    px = photo(rng, 375, 500)
+    if c == 4:
+        px = np.concatenate([px, rng.integers(0, 256, (375, 500, 1), dtype=np.uint8)], -1)
+    elif c == 1:
+        px = px[:, :, :1]
+    data = encode_png(px, filters)
+    for mode in MODES:
+        assert compare(data, mode) == "fast", (filters, c, mode)
+
+
+def test_bases_decode_fast_or_fall_back_exactly():
+    for i, data in enumerate(_bases()):
+        for c in MODES:
+            assert compare(data, c) in ("fast", "fallback"), (i, c)
+    # The photo-like ones are the fast path's, in every mode.
+    assert all(compare(_bases()[1], c) == "fast" for c in MODES)
+
+
+def test_mutation_corpus_outcome_equals_tf():
+    """3,000 damaged files x 3 colour modes: the same pixels as TF, or left to TF."""
+    outcomes: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    wrong = []
+    for name, data in corpus(_bases(), 3000, seed=21):
+        how = name.split("_", 1)[1][:-4]
+        for c in MODES:
+            o = compare(data, c)
+            outcomes[how][o] += 1
+            if o not in ("fast", "fallback", "fallback-rejected"):
+                wrong.append((name, c, o))
+    assert not wrong, wrong[:20]
+    assert set(outcomes) == set(MUTATIONS)
+    # The corpus exercises both sides: files TF still decodes (trailing bytes,
+    # dropped ancillary chunks...) that the fast path takes, and files TF rejects.
+    total = sum(outcomes.values(), collections.Counter())
+    assert total["fast"] > 500 and total["fallback-rejected"] > 3000, dict(total)
+    # Checksums are on: no IDAT flip with a fixed CRC is decoded by Wuffs where TF refuses.
+    assert outcomes["idat_flip_fixed_crc"]["fallback-rejected"] > 500
+
+
+def test_checksums_are_on():
+    """A flipped bit in a compressed IDAT byte, the chunk CRC fixed: Wuffs must not
+    hand back pixels (its aux API ignores PNG checksums unless told otherwise)."""
+    rng = np.random.default_rng(3)
+    good = encode_png(photo(rng, 40, 40), (4,))
+    seen = 0
+    for i in range(200):
+        bad = mutate(good, "idat_flip_fixed_crc", np.random.default_rng(i))
+        if tf_outcome(bad, 3) is None:
+            seen += 1
+            assert isinstance(decode_png(bad, 3), Fallback)
+    assert seen > 100
+
+
+def test_rgba_alpha_of_low_bit_depth_files_is_tfs(pngsuite):
+    """TF's RGBA of a 1/2/4-bit grey or palette file without tRNS: alpha (1 << depth) - 1."""
+    for name, alpha in (("basn0g01.png", 1), ("basn0g02.png", 3), ("basn0g04.png", 15),
+                        ("basn3p01.png", 1), ("basn3p04.png", 15), ("basn0g08.png", 255)):
+        got = decode_png((pngsuite / name).read_bytes(), 4)
+        assert not isinstance(got, Fallback), name
+        assert (got[:, :, 3] == alpha).all(), name
+
+
+def test_keras_pixels_is_decode_image_or_names_the_file():
+    """The stage: PNGs by Wuffs, the rest by TF; a file TF rejects is named."""
+    from PIL import Image
+
+    rng = np.random.default_rng(5)
+    px = photo(rng, 30, 40)
+    jpeg = io.BytesIO()
+    Image.fromarray(px).save(jpeg, format="JPEG")
+    tally = collections.Counter()
+
+    class Tally:
+        def add(self, what, n=1):
+            tally[what] += n
+
+    stage = KerasPixels(3, num_threads=2)
+    good = encode_png(px, (4,))
+    for data in (good, jpeg.getvalue(), encode_png(px, (4,), trns=b"\x00\x01\x00\x02\x00\x03")):
+        ref = tf.image.decode_image(data, channels=3, expand_animations=False).numpy()
+        np.testing.assert_array_equal(stage(data, "x", Tally()), ref)
+    assert tally == {"png_fast": 1, "png_fallbacks": 1}
+    with pytest.raises(CorruptImageError, match="broken.png"):
+        stage(good[:-20], "broken.png", Tally())
