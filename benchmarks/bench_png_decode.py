@@ -1,0 +1,163 @@
+"""The fast CPU PNG decoder (Wuffs) against libpng: the decode stage alone, then every path.
+
+In one run, over the same photo-like 500x375 PNGs (the sample dataset), alternating:
+
+1. The decode stage alone, in-memory bytes to RGB pixels, 1 and 2 threads:
+   ``tf.io.decode_png`` (libpng, what Keras and the seed run) and ``png_cpu.decode_png``
+   (Wuffs behind the TF-exact front end). Time per image and the ratio, per round.
+2. Epochs at 244x244, batch 128, on a local folder: the seed pipeline, the CPU default with
+   ``png_decoder="libpng"`` (before) and ``"wuffs"`` (after), ``decoder="dali"`` on the CPU
+   with each, and the GPU-ready cache's first (filling) epoch with each (a new cache each).
+
+Each configuration runs in its own process, with glibc's default malloc and with
+``GLIBC_TUNABLES`` that keep freed memory in the process (this VM charges for fresh
+memory; docs/gpu_ready.md). Prints best and range per row, and ratios to the seed and to
+libpng.
+
+    .venv/bin/python benchmarks/bench_png_decode.py [--num-images 1024] [--rounds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+MALLOC_TUNABLES = ("glibc.malloc.mmap_threshold=268435456:glibc.malloc.trim_threshold=4294967296"
+                   ":glibc.malloc.top_pad=268435456")
+STAGE = ("libpng", "wuffs")
+EPOCHS = ("seed", "cpu-libpng", "cpu-wuffs", "dali-libpng", "dali-wuffs")
+FILLS = ("fill-libpng", "fill-wuffs")
+
+
+def stage_rates(blobs: list[bytes], threads: int) -> dict[str, float]:
+    """images/s of each decoder over `blobs` on `threads` threads (one pass each)."""
+    import tensorflow as tf
+
+    from dali_loader.decode.png_cpu import decode_png
+
+    fns = {"libpng": lambda b: tf.io.decode_png(b, channels=3),
+           "wuffs": lambda b: decode_png(b, 3)}
+    out = {}
+    for name, fn in fns.items():
+        with ThreadPoolExecutor(threads) as pool:
+            list(pool.map(fn, blobs[:8]))  # warm up
+            t0 = time.perf_counter()
+            list(pool.map(fn, blobs))
+            out[name] = len(blobs) / (time.perf_counter() - t0)
+    return out
+
+
+def make_dataset(data: str, which: str, cache: str | None = None):
+    from dali_loader.tools.baselines import seed_pipeline
+    from tf_adapter import image_dataset_from_directory
+
+    if which == "seed":
+        return seed_pipeline(data, batch_size=128, image_size=(244, 244))[0]
+    path, png = which.rsplit("-", 1)
+    kw = dict(decoder="dali") if path == "dali" else {}
+    if path == "fill":
+        kw = dict(gpu_ready=True, cache_dir=cache)
+    return image_dataset_from_directory(data, batch_size=128, image_size=(244, 244),
+                                        shuffle=True, seed=1, verbose=False, png_decoder=png,
+                                        **kw)
+
+
+def run_one(data: str, rounds: int) -> dict:
+    from dali_loader.tools.bench import timed_epoch
+
+    paths = sorted(os.path.join(d, f) for d, _, fs in os.walk(data) for f in fs)
+    blobs = [open(p, "rb").read() for p in paths]
+    out: dict = {"stage": {f"{k}-{t}": [] for k in STAGE for t in (1, 2)},
+                 "epochs": {k: [] for k in EPOCHS + FILLS}}
+    datasets = {k: make_dataset(data, k) for k in EPOCHS}
+    for ds in datasets.values():  # warm up: tracing, pools, page cache
+        timed_epoch("warm-up", ds, 0.0, max_batches=1)
+    with tempfile.TemporaryDirectory(prefix="bench-png-fill-") as caches:
+        for r in range(rounds):
+            for t in (1, 2):
+                for k, v in stage_rates(blobs, t).items():
+                    out["stage"][f"{k}-{t}"].append(v)
+            for k, ds in datasets.items():
+                out["epochs"][k].append(timed_epoch(k, ds, 0.0).img_s)
+            for k in FILLS:  # the first epoch of a new GPU-ready cache
+                ds = make_dataset(data, k, cache=os.path.join(caches, f"{k}-{r}"))
+                out["epochs"][k].append(timed_epoch(k, ds, 0.0).img_s)
+                ds.close()
+            print(f"  round {r + 1}: " + ", ".join(
+                f"{k} {v[-1]:.0f}" for d in out.values() for k, v in d.items()), flush=True)
+    return out
+
+
+def report(name: str, res: dict) -> None:
+    st, ep = res["stage"], res["epochs"]
+
+    def span(v):
+        return f"{max(v):7.1f} ({min(v):.1f}-{max(v):.1f})"
+
+    print(f"\n## {name}: images/s, best (range) of {len(ep['seed'])} alternating rounds")
+    for t in (1, 2):
+        lib, wuf = st[f"libpng-{t}"], st[f"wuffs-{t}"]
+        ratios = [w / lb for w, lb in zip(wuf, lib)]
+        print(f"  decode stage, {t} thread(s): libpng {span(lib)}  Wuffs {span(wuf)}  "
+              f"Wuffs/libpng per round {min(ratios):.2f}-{max(ratios):.2f}x")
+    seed = max(ep["seed"])
+    for k in EPOCHS + FILLS:
+        print(f"  {k:<12} {span(ep[k])}  best / seed best {max(ep[k]) / seed:.2f}x")
+    for path in ("cpu", "dali", "fill"):
+        print(f"  {path}: wuffs / libpng (best) "
+              f"{max(ep[path + '-wuffs']) / max(ep[path + '-libpng']):.2f}x")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--data", default=None, help="PNG folder (default: a new sample dataset)")
+    ap.add_argument("--num-images", type=int, default=1024)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--malloc", choices=("both", "default", "tuned"), default="both")
+    ap.add_argument("--json", default=None, help="also write the numbers here")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.child:
+        res = run_one(args.data, args.rounds)
+        with open(args.json, "w") as f:
+            json.dump(res, f)
+        return 0
+    with tempfile.TemporaryDirectory(prefix="bench-png-") as tmp:
+        data = args.data
+        if data is None:
+            from dali_loader.tools.sample import make_sample_dataset
+
+            data = make_sample_dataset(os.path.join(tmp, "data"), num_images=args.num_images,
+                                       num_classes=4, size=(375, 500), seed=0)
+        print(f"{args.num_images} PNGs 500x375 in {data}; {os.cpu_count()} cores", flush=True)
+        results = {}
+        for which in (("default", "tuned") if args.malloc == "both" else (args.malloc,)):
+            env = dict(os.environ)
+            env.pop("GLIBC_TUNABLES", None)
+            if which == "tuned":
+                env["GLIBC_TUNABLES"] = MALLOC_TUNABLES
+            out = os.path.join(tmp, f"{which}.json")
+            print(f"\nmalloc: {which}", flush=True)
+            subprocess.run([sys.executable, os.path.abspath(__file__), "--child", "--data", data,
+                            "--rounds", str(args.rounds), "--json", out], env=env, check=True)
+            with open(out) as f:
+                results[which] = json.load(f)
+        for which, res in results.items():
+            report(f"malloc {which}", res)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(results, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

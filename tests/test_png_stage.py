@@ -1,0 +1,171 @@
+"""The fast PNG decoder through the dataset: the CPU default and decoder="dali" deliver
+Keras's images (bit for bit on the CPU default), every good file once per epoch with its
+label over shuffled epochs, every bad one recorded; `png_decoder` picks the decoder."""
+
+from __future__ import annotations
+
+import collections
+import logging
+import shutil
+
+import keras
+import numpy as np
+import pytest
+
+from conftest import _photo, save
+from dali_loader.decode import png_cpu, png_stage
+from dali_loader.decode.png_cpu import Fallback, decode_png
+from dali_loader.decode.png_stage import KerasPixels, PixelItems, RawOrCheckedItems
+from dali_loader.feed.items import Paths
+from dali_loader.testing.png_mutations import mutate
+from dali_loader.testing.pngs import encode_png
+from tf_adapter import image_dataset_from_directory as ours
+
+pytestmark = pytest.mark.skipif(not png_cpu.available(), reason="pywuffs is not installed")
+
+# PngSuite files of every kind: grey/palette low depths, 16-bit, interlaced, alpha,
+# tRNS colour keys and a gamma file (the last two partly go to TF's decoder).
+SUITE = ("basn0g01.png", "basn0g16.png", "basn2c16.png", "basn3p04.png", "basi2c08.png",
+         "basn4a08.png", "basn6a16.png", "tbrn2c08.png", "tbbn3p08.png", "g03n2c08.png")
+SIZE = (17, 23)
+
+
+def _make_trees(tmp_path_factory, pngsuite, jpeg: bool):
+    """(mixed, clean): PNGs of every kind (and a JPEG: Keras decodes none in rgba),
+    with corrupt PNGs; and the same tree without them (what Keras can load)."""
+    clean = tmp_path_factory.mktemp("clean")
+    rng = np.random.default_rng(11)
+    for i in range(6):
+        save(clean / "a" / f"photo_{i}.png", _photo(rng, 30 + i, 40))
+    save(clean / "a" / "rgba.png", np.concatenate([_photo(rng, 25, 25),
+                                                   np.full((25, 25, 1), 99, np.uint8)], -1))
+    (clean / "a" / "filters.png").write_bytes(encode_png(_photo(rng, 31, 29), (0, 1, 2, 3, 4)))
+    if jpeg:
+        save(clean / "a" / "j.jpg", _photo(rng, 32, 36), "JPEG")
+    (clean / "b").mkdir()
+    for name in SUITE:
+        shutil.copy(pngsuite / name, clean / "b" / name)
+    mixed = tmp_path_factory.mktemp("mixed")
+    shutil.copytree(clean, mixed, dirs_exist_ok=True)
+    good = (clean / "a" / "photo_0.png").read_bytes()
+    (mixed / "b" / "truncated.png").write_bytes(good[:-40])
+    found = 0
+    for seed in range(100):  # CRC-valid IDAT damage that TF rejects
+        bad = mutate(good, "idat_flip_fixed_crc", np.random.default_rng(seed))
+        if found < 2 and isinstance(decode_png(bad, 3), Fallback):
+            import tensorflow as tf
+
+            try:
+                tf.io.decode_png(bad)
+            except tf.errors.OpError:
+                (mixed / "b" / f"adler_{found}.png").write_bytes(bad)
+                found += 1
+    assert found == 2
+    return mixed, clean
+
+
+@pytest.fixture(scope="module")
+def trees(tmp_path_factory, pngsuite):
+    return _make_trees(tmp_path_factory, pngsuite, jpeg=True)
+
+
+@pytest.fixture(scope="module")
+def png_trees(tmp_path_factory, pngsuite):
+    return _make_trees(tmp_path_factory, pngsuite, jpeg=False)
+
+
+def _reference(clean, color_mode):
+    """Keras's image and label for each file (relative name)."""
+    ds = keras.utils.image_dataset_from_directory(
+        str(clean), color_mode=color_mode, image_size=SIZE, batch_size=None, shuffle=False,
+        verbose=False)
+    names = [p[len(str(clean)) + 1:] for p in ds.file_paths]
+    return {n: (x.numpy(), int(y)) for n, (x, y) in zip(names, ds)}
+
+
+def _fallbacks(root, channels) -> int:
+    """PNG files (by content) the fast decoder leaves to TF in this mode."""
+    return sum(isinstance(decode_png(p.read_bytes(), channels), Fallback)
+               for p in root.rglob("*") if p.is_file() and p.read_bytes()[:8] == png_cpu.SIGNATURE)
+
+
+@pytest.mark.parametrize("color_mode", ["rgb", "grayscale", "rgba"])
+@pytest.mark.parametrize("decoder", [None, "dali"])
+def test_every_file_once_with_its_label_keras_pixels(trees, png_trees, decoder, color_mode):
+    mixed, clean = png_trees if color_mode == "rgba" else trees
+    ref = _reference(clean, color_mode)
+    ds = ours(str(mixed), color_mode=color_mode, image_size=SIZE, batch_size=5, shuffle=True,
+              seed=3, on_error="skip", decoder=decoder, verbose=False)
+    loader = ds._dali_loader
+    items = loader.feed.items if decoder else loader.items
+    assert isinstance(items, RawOrCheckedItems if decoder else PixelItems)
+    orders = []
+    for epoch in range(2):
+        got = [(x, int(y)) for xb, yb in ds for x, y in zip(xb.numpy(), yb.numpy())]
+        assert len(got) == len(ref)
+        matched = []
+        for x, y in got:  # each delivered image is exactly one file's, with its label
+            errs = {n: np.abs(x.astype(np.float64) - r).mean() for n, (r, _) in ref.items()}
+            name = min(errs, key=errs.get)
+            assert errs[name] == 0 if decoder is None else errs[name] < 1.0, (name, errs[name])
+            assert y == ref[name][1], name
+            matched.append(name)
+        assert sorted(matched) == sorted(ref), "every good file exactly once"
+        orders.append(matched)
+    assert orders[0] != orders[1]  # shuffled per epoch
+    assert sorted(loader.skipped) == sorted(str(mixed / "b" / n)
+                                            for n in ("truncated.png", "adler_0.png", "adler_1.png"))
+    channels = {"rgb": 3, "grayscale": 1, "rgba": 4}[color_mode]
+    stats = loader.epoch_stats[-1]
+    pngs = sum(1 for p in mixed.rglob("*") if p.is_file()
+               and p.read_bytes()[:8] == png_cpu.SIGNATURE)
+    assert stats["png_fallbacks"] == _fallbacks(mixed, channels)
+    assert stats["png_fast"] + stats["png_fallbacks"] == pngs
+    assert stats["png_fast"] >= 10
+
+
+def test_png_decoder_libpng_keeps_tfs_own_path(trees):
+    mixed, clean = trees
+    ds = ours(str(clean), image_size=SIZE, batch_size=4, shuffle=False, verbose=False,
+              png_decoder="libpng")
+    assert isinstance(ds._dali_loader.items, Paths)
+    ref = _reference(clean, "rgb")
+    got = np.concatenate([x.numpy() for x, _ in ds])
+    np.testing.assert_array_equal(got, np.stack([r for r, _ in ref.values()]))
+    assert "png_fast" not in ds._dali_loader.epoch_stats[-1]
+
+
+def test_png_decoder_arguments(trees, monkeypatch, caplog):
+    mixed, clean = trees
+    with pytest.raises(ValueError, match="Received: png_decoder='fast'"):
+        ours(str(clean), png_decoder="fast", verbose=False)
+    with pytest.raises(ValueError, match="service"):
+        ours(str(clean), png_decoder="wuffs", service="grpc://localhost:1", verbose=False)
+    monkeypatch.setattr(png_cpu, "available", lambda: False)
+    with pytest.raises(ImportError, match="pip install pywuffs"):
+        ours(str(clean), png_decoder="wuffs", verbose=False)
+    monkeypatch.setattr(png_stage, "_said_missing", png_stage.threading.Event())
+    with caplog.at_level(logging.WARNING, logger="dali_loader.decode.png_stage"):
+        for _ in range(2):  # said once
+            ds = ours(str(clean), image_size=SIZE, verbose=False)
+            assert isinstance(ds._dali_loader.items, Paths)
+    said = [r for r in caplog.records if "Wuffs" in r.getMessage()]
+    assert len(said) == 1 and "libpng" in said[0].getMessage()
+
+
+def test_gpu_ready_fill_decodes_with_wuffs(trees, tmp_path):
+    mixed, clean = trees
+    ref = _reference(clean, "rgb")
+    ds = ours(str(clean), image_size=SIZE, batch_size=None, shuffle=False, verbose=False,
+              gpu_ready=True, cache_dir=str(tmp_path))
+    decode = ds._dali_loader.items.ready.decode
+    assert isinstance(decode, KerasPixels)
+    for _ in range(2):
+        got = [x.numpy() for x, _ in ds]
+        np.testing.assert_array_equal(np.stack(got), np.stack([r for r, _ in ref.values()]))
+    pngs = sum(1 for n in ref if n.endswith(".png"))
+    assert decode.counts["png_fast"] + decode.counts["png_fallbacks"] == pngs  # filled once
+    assert decode.counts["png_fast"] >= 10
+    stats = ds._dali_loader.epoch_stats
+    assert stats[0]["cache_fills"] == len(ref) and stats[1].get("cache_fills", 0) == 0
+    assert collections.Counter(s["cpu_decodes"] for s in stats) == {len(ref): 1, 0: 1}
