@@ -38,8 +38,8 @@ EPOCHS = ("seed", "cpu-libpng", "cpu-wuffs", "dali-libpng", "dali-wuffs")
 FILLS = ("fill-libpng", "fill-wuffs")
 
 
-def stage_rates(blobs: list[bytes], threads: int) -> dict[str, float]:
-    """images/s of each decoder over `blobs` on `threads` threads (one pass each)."""
+def stage_rates(blobs: list[bytes], threads: int) -> dict[str, tuple[float, float]]:
+    """(images/s, CPU ms per image) of each decoder over `blobs` on `threads` threads."""
     import tensorflow as tf
 
     from dali_loader.decode.png_cpu import decode_png
@@ -50,10 +50,40 @@ def stage_rates(blobs: list[bytes], threads: int) -> dict[str, float]:
     for name, fn in fns.items():
         with ThreadPoolExecutor(threads) as pool:
             list(pool.map(fn, blobs[:8]))  # warm up
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             list(pool.map(fn, blobs))
-            out[name] = len(blobs) / (time.perf_counter() - t0)
+            out[name] = (len(blobs) / (time.perf_counter() - t0),
+                         1e3 * (time.process_time() - c0) / len(blobs))
     return out
+
+
+def feed_ceiling(root: str, n: int = 4000) -> tuple[float, float]:
+    """(images/s, CPU ms per image) of the CPU default's feed alone (read, Wuffs, batch)
+    over `n` tiny 8x8 PNGs: what decoding leaves, most of it Python holding the GIL,
+    the ceiling of one process however many cores decode."""
+    import numpy as np
+
+    from dali_loader.api import open_index
+    from dali_loader.decode.spec import ImageSpec
+    from dali_loader.tfdata.dataset import make_loader
+    from dali_loader.testing.pngs import encode_png
+
+    os.makedirs(os.path.join(root, "c"), exist_ok=True)
+    rng = np.random.default_rng(0)
+    for i in range(n):
+        with open(os.path.join(root, "c", f"{i}.png"), "wb") as f:
+            f.write(encode_png(rng.integers(0, 256, (8, 8, 3), dtype=np.uint8), (1,)))
+    src, index = open_index(root)
+    feed = make_loader(src, index, ImageSpec(8, 8, 3, "bilinear", False, False, False),
+                       batch_size=128, shuffle=True, seed=0, device="cpu", png_decoder="wuffs")
+    with feed:
+        for _ in feed.epoch():  # warm up
+            pass
+        t0, c0 = time.perf_counter(), time.process_time()
+        images = sum(len(chunk.items) for chunk in feed.epoch())
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    src.close()
+    return images / wall, 1e3 * cpu / images
 
 
 def make_dataset(data: str, which: str, cache: str | None = None):
@@ -77,41 +107,59 @@ def run_one(data: str, rounds: int) -> dict:
     paths = sorted(os.path.join(d, f) for d, _, fs in os.walk(data) for f in fs)
     blobs = [open(p, "rb").read() for p in paths]
     out: dict = {"stage": {f"{k}-{t}": [] for k in STAGE for t in (1, 2)},
-                 "epochs": {k: [] for k in EPOCHS + FILLS}}
+                 "epochs": {k: [] for k in EPOCHS + FILLS},
+                 "cpu_ms": {k: [] for k in [f"{k}-{t}" for k in STAGE for t in (1, 2)]
+                            + list(EPOCHS + FILLS)}}
+    with tempfile.TemporaryDirectory(prefix="bench-png-tiny-", dir="/dev/shm"
+                                     if os.path.isdir("/dev/shm") else None) as tiny:
+        out["feed_ceiling"] = feed_ceiling(tiny)
     datasets = {k: make_dataset(data, k) for k in EPOCHS}
     for ds in datasets.values():  # warm up: tracing, pools, page cache
         timed_epoch("warm-up", ds, 0.0, max_batches=1)
     with tempfile.TemporaryDirectory(prefix="bench-png-fill-") as caches:
         for r in range(rounds):
             for t in (1, 2):
-                for k, v in stage_rates(blobs, t).items():
-                    out["stage"][f"{k}-{t}"].append(v)
-            for k, ds in datasets.items():
-                out["epochs"][k].append(timed_epoch(k, ds, 0.0).img_s)
-            for k in FILLS:  # the first epoch of a new GPU-ready cache
-                ds = make_dataset(data, k, cache=os.path.join(caches, f"{k}-{r}"))
-                out["epochs"][k].append(timed_epoch(k, ds, 0.0).img_s)
-                ds.close()
+                for k, (rate, cpu) in stage_rates(blobs, t).items():
+                    out["stage"][f"{k}-{t}"].append(rate)
+                    out["cpu_ms"][f"{k}-{t}"].append(cpu)
+            for k in EPOCHS + FILLS:
+                if k in FILLS:  # the first epoch of a new GPU-ready cache
+                    ds = make_dataset(data, k, cache=os.path.join(caches, f"{k}-{r}"))
+                else:
+                    ds = datasets[k]
+                s = timed_epoch(k, ds, 0.0)
+                out["epochs"][k].append(s.img_s)
+                out["cpu_ms"][k].append(1e3 * s.cpu_s / s.images)
+                if k in FILLS:
+                    ds.close()
             print(f"  round {r + 1}: " + ", ".join(
-                f"{k} {v[-1]:.0f}" for d in out.values() for k, v in d.items()), flush=True)
+                f"{k} {v[-1]:.0f} img/s {out['cpu_ms'][k][-1]:.2f} ms"
+                for d in (out["stage"], out["epochs"]) for k, v in d.items()), flush=True)
     return out
 
 
 def report(name: str, res: dict) -> None:
-    st, ep = res["stage"], res["epochs"]
+    st, ep, cpu = res["stage"], res["epochs"], res["cpu_ms"]
 
     def span(v):
         return f"{max(v):7.1f} ({min(v):.1f}-{max(v):.1f})"
 
-    print(f"\n## {name}: images/s, best (range) of {len(ep['seed'])} alternating rounds")
+    print(f"\n## {name}: images/s, best (range) of {len(ep['seed'])} alternating rounds; "
+          "CPU ms per image (all threads), lowest")
     for t in (1, 2):
         lib, wuf = st[f"libpng-{t}"], st[f"wuffs-{t}"]
         ratios = [w / lb for w, lb in zip(wuf, lib)]
-        print(f"  decode stage, {t} thread(s): libpng {span(lib)}  Wuffs {span(wuf)}  "
-              f"Wuffs/libpng per round {min(ratios):.2f}-{max(ratios):.2f}x")
+        print(f"  decode stage, {t} thread(s): libpng {span(lib)} img/s "
+              f"{min(cpu[f'libpng-{t}']):.2f} ms  Wuffs {span(wuf)} img/s "
+              f"{min(cpu[f'wuffs-{t}']):.2f} ms  Wuffs/libpng per round "
+              f"{min(ratios):.2f}-{max(ratios):.2f}x")
+    rate, ms = res["feed_ceiling"]
+    print(f"  feed alone, tiny 8x8 PNGs (per-file work besides decoding): {rate:,.0f} img/s, "
+          f"{ms:.3f} ms CPU per image")
     seed = max(ep["seed"])
     for k in EPOCHS + FILLS:
-        print(f"  {k:<12} {span(ep[k])}  best / seed best {max(ep[k]) / seed:.2f}x")
+        print(f"  {k:<12} {span(ep[k])} img/s  {min(cpu[k]):6.2f} ms  "
+              f"best / seed best {max(ep[k]) / seed:.2f}x")
     for path in ("cpu", "dali", "fill"):
         print(f"  {path}: wuffs / libpng (best) "
               f"{max(ep[path + '-wuffs']) / max(ep[path + '-libpng']):.2f}x")
