@@ -169,3 +169,24 @@ def test_gpu_ready_fill_decodes_with_wuffs(trees, tmp_path):
     stats = ds._dali_loader.epoch_stats
     assert stats[0]["cache_fills"] == len(ref) and stats[1].get("cache_fills", 0) == 0
     assert collections.Counter(s["cpu_decodes"] for s in stats) == {len(ref): 1, 0: 1}
+
+
+def test_gpu_folder_with_jpegs_keeps_dalis_decoder(trees, png_trees):
+    """On a GPU the Wuffs route is taken for folders without JPEGs only (nvJPEG keeps
+    the JPEGs; a `mixed` decoder inside a per-sample branch is not documented by DALI).
+    Checked on the loader, which builds no pipeline until an epoch starts."""
+    from dali_loader.api import open_index
+    from dali_loader.decode.dali_graph import Input
+    from dali_loader.decode.spec import ImageSpec
+    from dali_loader.feed.items import CheckedBytes
+    from dali_loader.tfdata.dataset import make_loader
+
+    spec = ImageSpec(*SIZE, 3, "bilinear", False, False, False)
+    for (mixed, _), input, items in ((trees, Input.FILES, CheckedBytes),
+                                     (png_trees, Input.FILES_OR_RAW, RawOrCheckedItems)):
+        src, index = open_index(str(mixed))
+        with src:
+            loader = make_loader(src, index, spec, batch_size=4, shuffle=False, seed=0,
+                                 device="gpu")
+            assert loader.input is input and type(loader.feed.items) is items
+            loader.close()

@@ -28,7 +28,8 @@ class Input(enum.Enum):
     # CuPy arrays on a GPU (external_source device="gpu"), numpy on the CPU.
     PIXELS = "pixels"
     # The files, each PNG already decoded into a raw entry (`png_stage`, Keras's
-    # pixels): raw entries are reshaped, the other files decoded (a per-sample branch).
+    # pixels): raw entries are reshaped, the other files decoded on the CPU (a
+    # per-sample branch), then copied to the GPU.
     FILES_OR_RAW = "files-or-raw"
 
 
@@ -198,10 +199,16 @@ def image_graph(dali, encoded, spec: ImageSpec, gpu: bool, input: Input = Input.
     elif input is Input.READY_TIFF:
         img = decode_ready(dali, encoded, spec.channels, gpu)
     elif input is Input.FILES_OR_RAW:
-        if _is_raw(dali, encoded):  # a per-sample branch (enable_conditionals)
-            img = _raw_on_device(dali, encoded, gpu)
+        # A per-sample branch (enable_conditionals) of CPU operators only, then the
+        # copy to the GPU: DALI's conditionals documentation shows CPU branches; a
+        # `mixed` decoder inside one is not documented, so the loader does not put
+        # this input on a GPU for folders with JPEGs (`tfdata.dataset.make_loader`).
+        if _is_raw(dali, encoded):
+            img = raw_pixels(dali, encoded)
         else:
-            img = _decode_file(dali, encoded, spec.channels, gpu)
+            img = _decode_file(dali, encoded, spec.channels, gpu=False)
+        if gpu:
+            img = img.gpu()
     else:
         img = _decode_file(dali, encoded, spec.channels, gpu)
     interp, antialias = _interp(dali, spec.interpolation)

@@ -120,16 +120,20 @@ def make_loader(source: Source, index: Index, spec: ImageSpec, *, batch_size: in
         return DaliBatches(feed, spec, device=device, num_threads=num_threads,
                            device_id=device_id, input=Input.PIXELS, png=stage)
     if dali:
+        # On a GPU, a folder with JPEGs keeps DALI's decoder for every file: nvJPEG
+        # decodes them on the GPU, which the per-sample branch of Input.FILES_OR_RAW
+        # (CPU operators only) would not.
+        raw_pngs = pixels is not None and not (device == "gpu" and _has_jpeg(index))
         if gpu_ready:
             items = ReadyBytes(ready)
-        elif pixels is not None:
+        elif raw_pngs:
             items = RawOrCheckedItems(source, pixels)
         else:
             items = CheckedBytes(source, rgba=spec.channels == 4)
         feed = Feed(index, items, chunk_size=batch_size, **kw)
         input = {None: Input.FILES, ReadyForm.RAW: Input.READY_RAW,
                  ReadyForm.TIFF: Input.READY_TIFF}[gpu_ready]
-        if input is Input.FILES and pixels is not None:
+        if input is Input.FILES and raw_pngs:
             input = Input.FILES_OR_RAW
         return DaliBatches(feed, spec, device=device, num_threads=num_threads,
                            device_id=device_id, input=input)
@@ -144,6 +148,11 @@ def make_loader(source: Source, index: Index, spec: ImageSpec, *, batch_size: in
     # TF batches again after decoding: small chunks let decoding start on the
     # first files of an epoch instead of waiting for a whole batch.
     return Feed(index, items, chunk_size=min(batch_size, TF_CHUNK), **kw)
+
+
+def _has_jpeg(index: Index) -> bool:
+    """Whether any file is named as a JPEG (what nvJPEG would decode on a GPU)."""
+    return any(p.lower().endswith((".jpg", ".jpeg")) for p in index.paths)
 
 
 def ready_cache(source: Source, form: ReadyForm, channels: int,
