@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from dali_loader.decode import png_cpu
-from dali_loader.decode.png_cpu import Fallback, decode_png
+from dali_loader.decode.png_cpu import Fallback, decode_png, grey_from_rgb
 from dali_loader.decode.png_stage import KerasPixels
 from dali_loader.errors import CorruptImageError
 from dali_loader.testing.png_mutations import MUTATIONS, corpus, mutate
@@ -172,3 +172,11 @@ def test_keras_pixels_is_decode_image_or_names_the_file():
     assert tally == {"png_fast": 1, "png_fallbacks": 1}
     with pytest.raises(CorruptImageError, match="broken.png"):
         stage(good[:-20], "broken.png", Tally())
+
+
+def test_grey_weights_exact_for_every_colour():
+    """The float32 grey conversion equals libpng's integer one on all 2**24 colours."""
+    cube = np.stack(np.meshgrid(*[np.arange(256, dtype=np.uint32)] * 3, indexing="ij"), -1)
+    cube = cube.reshape(4096, 4096, 3)
+    want = (cube[:, :, 0] * 9797 + cube[:, :, 1] * 19234 + cube[:, :, 2] * 3737) >> 15
+    np.testing.assert_array_equal(grey_from_rgb(cube.astype(np.uint8))[:, :, 0], want)

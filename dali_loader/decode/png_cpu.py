@@ -53,6 +53,7 @@ _GAMMA_ONE, _GAMMA_SLACK = 100000, 5000
 # Bigger images go to TF (which decodes or refuses them as Keras would): Wuffs'
 # own limit is 2**20 - 1 per side.
 MAX_PIXELS = 1 << 28
+_GREY_WEIGHTS = np.array([[9797], [19234], [3737]], np.float32)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -216,6 +217,13 @@ def decode_png(data: bytes, channels: int) -> np.ndarray | Fallback:
         out[:, :, :3] = px
         out[:, :, 3] = (1 << h.depth) - 1
         return out
-    rgb = px.astype(np.uint32)
-    grey = (rgb[:, :, 0] * 9797 + rgb[:, :, 1] * 19234 + rgb[:, :, 2] * 3737) >> 15
-    return grey.astype(np.uint8)[:, :, None]
+    return grey_from_rgb(px)
+
+
+def grey_from_rgb(px: np.ndarray) -> np.ndarray:
+    """libpng's `(9797 R + 19234 G + 3737 B) >> 15` of HxWx3(+) pixels, as HxWx1, in
+    float32: every product and sum is an integer below 2**24, so exact; scaling by
+    2**-15 and truncating is the shift."""
+    grey = px[:, :, :3].astype(np.float32) @ _GREY_WEIGHTS
+    grey *= 1 / 32768
+    return grey.astype(np.uint8)
