@@ -136,18 +136,10 @@ class PixelItems:
         pass
 
 
-class RawOrCheckedItems:
+class RawOrCheckedItems(PixelItems):
     """Item reader for the DALI path: a PNG as a raw pixel entry (Keras's pixels,
     nothing left to decode), any other file as checked bytes for DALI's decoder
     (`jpeg` counted, the files a GPU decodes)."""
-
-    io = True
-    holds = False
-    tallies = True
-
-    def __init__(self, source, pixels: KerasPixels):
-        self.source = source
-        self.pixels = pixels
 
     def __call__(self, path: str, tally=None) -> bytes:
         data = read_bytes(self.source, path)
