@@ -413,6 +413,19 @@ def _timed_map(fn, items: Sequence, workers: int, budget_s: float) -> float:
     return done / (time.perf_counter() - t0)
 
 
+def _timed_alternating(fns: Sequence[Callable], items: Sequence, workers: int,
+                       budget_s: float) -> list[float]:
+    """Items/s of each of ``fns`` (``budget_s`` each): with several, in alternating halves
+    (A B B A) and the better half of each, so that a busy machine's swings fall on both."""
+    if len(fns) == 1:
+        return [_timed_map(fns[0], items, workers, budget_s)]
+    rates: list[list[float]] = [[] for _ in fns]
+    for order in (range(len(fns)), reversed(range(len(fns)))):
+        for i in order:
+            rates[i].append(_timed_map(fns[i], items, workers, budget_s / 2))
+    return [max(r) for r in rates]
+
+
 def _measure_loader(source: str, batch_size: int, image_size: Sequence[int], max_batches: int,
                     max_in_flight: int, device: str | None, png_decoder: str | None = None
                     ) -> tuple[float | None, str | None, str | None]:
@@ -520,22 +533,23 @@ def run_diagnose(source: str, *, step_time: float = 0.0, batch_size: int = 32,
         blobs = list(pool_ex.map(fetch, paths))
     mean_bytes = statistics.fmean(len(b) for b in blobs)
 
+    from dali_loader.decode import png_cpu
+
     decode, resize = _kernels(image_size)
-    decode_1 = _timed_map(decode, blobs, 1, budget_s)
-    decode_n = _timed_map(decode, blobs, cores, budget_s)
+    decoders = [decode]
+    pngs = fallbacks = None
+    if png_cpu.available():
+        pngs, fallbacks = _png_counts(blobs)  # also creates this thread's decoders
+        decoders.append(_wuffs_kernel(decode))
+    (decode_1, *wuffs_1), (decode_n, *wuffs_n) = (
+        _timed_alternating(decoders, blobs, workers, budget_s) for workers in (1, cores))
+    wuffs_1, wuffs_n = (wuffs_1 or [None])[0], (wuffs_n or [None])[0]
     images = [decode(b) for b in blobs]
     resize_1 = _timed_map(resize, images, 1, budget_s / 2)
     resize_n = _timed_map(resize, images, cores, budget_s / 2)
     logger.info("decode (libpng) %.0f/%.0f img/s, resize %.0f/%.0f img/s (1 core/all)",
                 decode_1, decode_n, resize_1, resize_n)
-    from dali_loader.decode import png_cpu
-
-    wuffs_1 = wuffs_n = pngs = fallbacks = None
-    if png_cpu.available():
-        pngs, fallbacks = _png_counts(blobs)  # also creates this thread's decoders
-        fast = _wuffs_kernel(decode)
-        wuffs_1 = _timed_map(fast, blobs, 1, budget_s)
-        wuffs_n = _timed_map(fast, blobs, cores, budget_s)
+    if wuffs_n is not None:
         logger.info("decode (Wuffs) %.0f/%.0f img/s (1 core/all); %d of %d PNGs left to libpng",
                     wuffs_1, wuffs_n, fallbacks, pngs)
 
