@@ -471,11 +471,11 @@ def results_markdown(res: dict[str, Any]) -> str:
                 if s["pipeline"].startswith("loader") and s.get("png_decoder")}
     if decoders:
         asked = res.get("png_decoder")
-        which = (DECODER_NAMES.get(d, d) for d in decoders.values())
+        which = " and ".join(dict.fromkeys(DECODER_NAMES.get(d, d) for d in decoders.values()))
         if len(set(decoders.values())) > 1:
-            which = (f"{n} {DECODER_NAMES.get(d, d)}" for n, d in decoders.items())
+            which += ", as their names say"
         note += (" PNG decoder: seed and tuned decode with libpng (tf.io.decode_png); the loader "
-                 "rows with " + ", ".join(dict.fromkeys(which))
+                 "rows with " + which
                  + (" (png_decoder's default: Wuffs where installed)" if asked is None else
                     f" (--png-decoder {asked if isinstance(asked, str) else ' '.join(asked)})")
                  + "; a -cached row's decoder fills its cache.")
