@@ -34,7 +34,8 @@ def add_parsers(subparsers) -> argparse.ArgumentParser:
                         "DIR/cpu-cached and DIR/gpu-cached (default: fresh temporary folders)")
     p.add_argument("--only", nargs="+", default=None, metavar="NAME",
                    help="run only these pipelines: seed tuned loader (all loader rows) "
-                        "loader-cpu loader-gpu loader-cpu-cached loader-gpu-cached")
+                        "loader-cpu loader-gpu loader-cpu-cached loader-gpu-cached (each "
+                        "also selects its per-decoder rows, loader-cpu-wuffs ...)")
     p.add_argument("--png-decoder", nargs="+", choices=("wuffs", "libpng"), default=None,
                    metavar="{wuffs,libpng}",
                    help="the loader rows' PNG decoder (default: Wuffs where installed, else "
