@@ -31,7 +31,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from dali_loader.tools.bench import results_markdown, run_bench, write_results  # noqa: E402
-from dali_loader.tools.diagnose import format_report, run_diagnose, to_json  # noqa: E402
+from dali_loader.tools.diagnose import DECODER_NAMES, format_report, run_diagnose, to_json  # noqa: E402
 from dali_loader.tools.sample import make_sample_dataset  # noqa: E402
 
 
@@ -188,7 +188,8 @@ def main(argv: list[str] | None = None) -> int:
     v = to_json(m)
     print(f"diagnose: bottleneck = {v['bottleneck']} for the seed's pipeline "
           f"({v['latency_p50_s'] * 1000:.0f} ms per object, ~{m.cores} reads in flight); "
-          f"with this loader: {v['bottleneck_with_loader']}.\n")
+          f"with this loader: {v['bottleneck_with_loader']} (PNG decoder: "
+          f"{DECODER_NAMES[v['png_decoder']]}).\n")
     print(f"Synthetic {args.step_time:g} s step per batch of 128 (stands in for the GPU):")
     print(results_markdown(res))
     print("Training the small CNN on this CPU (the step competes with decoding for the cores):")

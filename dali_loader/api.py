@@ -108,6 +108,7 @@ def open_dataset(
     cache_dir: str | None = None,
     cache_max_bytes: int | None = None,
     gpu_ready: bool | str | None = None,
+    png_decoder: str | None = None,
 ):
     """The dataset `image_dataset_from_directory` builds, for the tools to time.
 
@@ -116,6 +117,8 @@ def open_dataset(
     `gpu_ready=True` reads through the GPU-ready cache in `cache_dir` (bounded
     by `cache_max_bytes`): each file is decoded on the CPU once, when its entry
     is filled; `ds._dali_loader.epoch_stats` counts the CPU decodes per epoch.
+    `png_decoder` picks who decodes PNGs (`png_stage.resolve_png_decoder`;
+    None: Wuffs where installed, else libpng).
     """
     from dali_loader.lazy import import_tf
     from dali_loader.tfdata.dataset import make_loader, to_tf_dataset
@@ -128,7 +131,7 @@ def open_dataset(
         loader = make_loader(src, index, spec, batch_size=batch_size, shuffle=shuffle,
                              seed=seed, device=device, decoder=decoder,
                              max_in_flight=max_in_flight,
-                             gpu_ready=resolve_gpu_ready(gpu_ready))
+                             gpu_ready=resolve_gpu_ready(gpu_ready), png_decoder=png_decoder)
     except BaseException:
         src.close()
         raise

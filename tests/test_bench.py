@@ -14,7 +14,8 @@ from PIL import Image
 pytest.importorskip("tensorflow")
 
 from dali_loader.tools import cmd_bench  # noqa: E402
-from dali_loader.tools.bench import input_bound_class, summarize, timed_epoch, write_results  # noqa: E402
+from dali_loader.tools.bench import (input_bound_class, png_decoder_list, results_markdown,  # noqa: E402
+                                     run_bench, summarize, timed_epoch, write_results)
 
 
 @pytest.fixture(scope="module")
@@ -121,20 +122,32 @@ def test_bench_writes_three_files(tiny_tree, tmp_path, capsys):
         assert all(r["cpu_decodes"] == 0 for r in res["runs"]
                    if r["pipeline"] == "loader-cpu-cached")
     assert res["command"].startswith("dali-loader bench")
+    # Every row names its PNG decoder: libpng for tf.data, the resolved default for the loader.
+    from dali_loader.decode import png_cpu
+
+    assert by["seed"]["png_decoder"] == by["tuned"]["png_decoder"] == "libpng"
+    default = "wuffs" if png_cpu.available() else "libpng"
+    assert all(by[n]["png_decoder"] == default for n in names if n.startswith("loader"))
+    assert res["png_decoder"] is None
 
     md = (out / "results.md").read_text()
     assert sum(l.startswith("| ") for l in md.splitlines()) == 1 + len(names)
     assert "input wait" in md and "CPU decodes/epoch" in md and "cache / source bytes" in md
+    assert "| PNG decoder |" in md
     for n in names:
         assert f"| {n} |" in md
     cells = [[c.strip() for c in l.strip().strip("|").split("|")] for l in md.splitlines()
              if l.startswith("| ") and not l.startswith("| pipeline")]
     rows = {c[0]: c for c in cells}
-    assert rows["tuned"][9:] == ["24", "", ""]
+    assert rows["tuned"][1] == rows["seed"][1] == "libpng"
+    assert rows["tuned"][10:] == ["24", "", ""]
     if _loader_importable():
-        assert rows["loader-cpu"][9:] == ["24", "", ""]
+        shown = {"wuffs": "Wuffs", "libpng": "libpng"}[default]
+        assert rows["loader-cpu"][1] == rows["loader-cpu-cached"][1] == shown
+        assert f"the loader rows with {shown} (" in md
+        assert rows["loader-cpu"][10:] == ["24", "", ""]
         c = by["loader-cpu-cached"]
-        assert rows["loader-cpu-cached"][9:] == [
+        assert rows["loader-cpu-cached"][10:] == [
             "0", f"{c['cache_bytes_per_image'] / 1024:.1f}", f"{c['cache_bytes_vs_source']:.2f}x"]
         assert f"filled first in an untimed epoch at {c['fill_img_s']:.1f} img/s" in md
 
@@ -154,5 +167,49 @@ def test_write_results_from_constructed_summary(tmp_path):
                         "cpu_util_pct": 20.0, "input_bound": "highly input-bound"}]}
     paths = write_results(res, str(tmp_path))
     assert set(paths) == {"json", "md", "png"}
-    assert "| seed | 40.0 |" in open(paths["md"]).read()
+    assert "| seed |  | 40.0 |" in open(paths["md"]).read()  # no png_decoder recorded: blank
     assert "loader-gpu not run: no GPU visible" in open(paths["md"]).read()
+
+
+def test_png_decoder_list():
+    assert png_decoder_list(None) == [None]
+    assert png_decoder_list("libpng") == ["libpng"]
+    assert png_decoder_list(["wuffs", "libpng", "wuffs"]) == ["wuffs", "libpng"]
+    for bad in ("gpu", ["wuffs", "tf"], []):
+        with pytest.raises(ValueError, match="Received: png_decoder="):
+            png_decoder_list(bad)
+
+
+@pytest.mark.skipif(not _loader_importable(), reason="the loader is not importable")
+def test_bench_compares_png_decoders(tiny_tree, tmp_path, monkeypatch):
+    from dali_loader.decode import png_cpu
+
+    if png_cpu.available():
+        p = argparse.ArgumentParser()
+        cmd_bench.add_parsers(p.add_subparsers(dest="cmd"))
+        args = p.parse_args(["bench", tiny_tree, "--out", str(tmp_path / "both"), "--batch-size",
+                             "8", "--image-size", "32", "32", "--rounds", "1", "--only",
+                             "loader-cpu", "--png-decoder", "wuffs", "libpng"])
+        assert args.func(args) == 0
+        res = json.loads((tmp_path / "both" / "results.json").read_text())
+        by = {s["pipeline"]: s for s in res["summary"]}
+        assert list(by) == ["loader-cpu-wuffs", "loader-cpu-libpng"], res["skipped"]
+        assert [by[n]["png_decoder"] for n in by] == ["wuffs", "libpng"]
+        assert all(by[n]["cpu_decodes_per_epoch"] == 24 for n in by)
+        assert res["png_decoder"] == ["wuffs", "libpng"]
+        md = (tmp_path / "both" / "results.md").read_text()
+        assert "| loader-cpu-wuffs | Wuffs |" in md and "| loader-cpu-libpng | libpng |" in md
+        assert "loader-cpu-wuffs/loader-cpu-libpng = " in md
+        assert "(--png-decoder wuffs libpng)" in md
+    # Without Wuffs the default is libpng, and asking for Wuffs skips the row with the reason.
+    monkeypatch.setattr(png_cpu, "available", lambda: False)
+    res = run_bench(tiny_tree, batch_size=8, image_size=(32, 32), rounds=1, max_batches=1,
+                    include=["loader-cpu"], progress=False)
+    assert [(s["pipeline"], s["png_decoder"]) for s in res["summary"]] == [
+        ("loader-cpu", "libpng")]
+    assert "| loader-cpu | libpng |" in results_markdown(res)
+    res = run_bench(tiny_tree, batch_size=8, image_size=(32, 32), rounds=1, max_batches=1,
+                    include=["loader-cpu"], progress=False, png_decoder="wuffs")
+    assert res["summary"] == [] and "pywuffs" in res["skipped"]["loader-cpu"]
+    with pytest.raises(ValueError, match="Received: png_decoder='gpu'"):
+        run_bench(tiny_tree, png_decoder="gpu")

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
+import re
 
 import numpy as np
 import pytest
@@ -103,6 +105,82 @@ def test_verdict_decode_quotes_the_cached_epoch():
     assert "cached decode+resize" not in format_report(_m())
 
 
+def _flat(report: str) -> str:
+    """The report with runs of spaces as one (its columns' widths vary)."""
+    return re.sub(r" +", " ", report)
+
+
+FAST_READS = {1: 3000.0, 2: 5000.0, 8: 8000.0, 64: 9000.0}
+
+
+def test_verdict_uses_the_png_decoder_that_runs():
+    libpng = 1 / (1 / 340 + 1 / 1800)  # decode+resize on all cores: 286 img/s
+    wuffs = 1 / (1 / 680 + 1 / 1800)  # 494 img/s
+    m = _m(source="/data", fetch_rates=FAST_READS, png_decoder="wuffs", wuffs_per_core=350.0,
+           wuffs_all_cores=680.0, sample_pngs=64, png_fallbacks=2)
+    v = verdict(m)
+    # tf.data (the seed) decodes with libpng; this loader with Wuffs.
+    assert v["bottleneck"] == "decode" and v["bottleneck_with_loader"] == "decode"
+    assert v["stage_rates"]["decode"] == pytest.approx(libpng)
+    assert v["stage_rates_with_loader"]["decode"] == pytest.approx(wuffs)
+    assert v["expected_tfdata_img_s"] == pytest.approx(libpng)
+    assert v["expected_loader_img_s"] == pytest.approx(wuffs)
+    assert v["png_decoder"] == "wuffs" and v["wuffs_vs_libpng"] == pytest.approx(2.0)
+    assert v["decode_bounds"] == {"libpng": pytest.approx(libpng), "wuffs": pytest.approx(wuffs)}
+    text = " ".join(v["advice"])
+    assert "This loader decodes PNGs with Wuffs (runs by default): 680 img/s on 2 cores" in text
+    assert "2.0x libpng" in text and "2 of the 64 sampled PNGs to libpng" in text
+    assert "This loader: expect ~494 img/s" in text and "JPEG, not PNG" in text
+    d = to_json(m)
+    json.dumps(d, allow_nan=False)
+    assert d["png_decoder"] == "wuffs" and d["png_fallbacks"] == 2 and d["sample_pngs"] == 64
+    assert d["decode_bounds"]["wuffs"] == pytest.approx(wuffs)
+    r = _flat(format_report(m))
+    assert "decode, libpng 170 img/s per core, 340 img/s on 2 cores" in r
+    assert "decode, Wuffs 350 img/s per core, 680 img/s on 2 cores; leaves 2 of 64" in r
+    assert (f"decode+resize libpng: 286 img/s; Wuffs (runs by default): 494 img/s "
+            f"({wuffs / libpng:.2f}x)") in r
+    assert "with this loader (64 in flight), Wuffs decode:" in r and "decode 494 img/s" in r
+    assert "(with this loader: decode; PNG decoder: Wuffs)" in r
+
+    # png_decoder="libpng" forced: Wuffs is timed and quoted, the loader's bound is libpng's.
+    forced = dataclasses.replace(m, png_decoder="libpng", png_decoder_option="libpng")
+    f = verdict(forced)
+    assert f["png_decoder"] == "libpng" and f["decode_bounds"] == v["decode_bounds"]
+    assert f["stage_rates_with_loader"]["decode"] == pytest.approx(libpng)
+    assert f["expected_loader_img_s"] == pytest.approx(libpng)
+    assert ('This loader decodes PNGs with libpng (runs: png_decoder="libpng"): the default, '
+            "Wuffs, would decode 680 img/s") in " ".join(f["advice"])
+    r = _flat(format_report(forced))
+    assert 'libpng (runs: png_decoder="libpng"): 286 img/s; Wuffs: 494 img/s' in r
+    assert "PNG decoder: libpng)" in r and "(64 in flight), libpng decode" in r
+
+    # Wuffs not installed: libpng runs and the report says how to install it.
+    plain = _m(source="/data", fetch_rates=FAST_READS)
+    p = verdict(plain)
+    assert p["png_decoder"] == "libpng" and p["decode_bounds"]["wuffs"] is None
+    assert p["wuffs_vs_libpng"] is None
+    assert "Wuffs, about twice libpng's speed" in " ".join(p["advice"])
+    r = _flat(format_report(plain))
+    assert "decode, Wuffs not installed" in r
+    assert "decode+resize libpng (runs: Wuffs is not installed): 286 img/s" in r
+
+    with pytest.raises(ValueError, match="Received: wuffs_all_cores=None"):
+        verdict(_m(png_decoder="wuffs"))
+    with pytest.raises(ValueError, match="Received: png_decoder='gpu'"):
+        verdict(_m(png_decoder="gpu"))
+
+
+def test_cache_advice_compares_with_the_loader_decoder():
+    # A cached epoch at 400 img/s beats libpng's 286 but not Wuffs' 494: the cache is the
+    # loader's, so the advice compares it with the decoder the loader runs.
+    m = _m(source="/data", fetch_rates=FAST_READS, cached_all_cores=400.0)
+    assert verdict(m)["cache_lifts_decode"] is True
+    w = verdict(dataclasses.replace(m, png_decoder="wuffs", wuffs_all_cores=680.0))
+    assert w["cache_lifts_decode"] is False
+    assert "against 494 img/s with PNG decode by Wuffs" in " ".join(w["advice"])
+
+
 def test_verdict_consumer():
     fast = {1: 3000.0, 2: 5000.0, 8: 8000.0, 64: 9000.0}
     v = verdict(_m(fetch_rates=fast, step_time=0.5, batch_size=32))
@@ -172,6 +250,40 @@ def test_case_small_pngs_slow_step_is_consumer(tmp_path):
         assert m.cached_all_cores is None and v["cache_lifts_decode"] is None
 
 
+def test_run_measures_both_decoders(tmp_path, monkeypatch):
+    from dali_loader.decode import png_cpu
+
+    root = _pngs(tmp_path, 5, (24, 32), noise=True)
+    # An RGB file with a tRNS colour key: Wuffs leaves it to libpng.
+    Image.fromarray(np.zeros((24, 32, 3), np.uint8)).save(
+        os.path.join(root, "c0", "key.png"), transparency=(0, 0, 0))
+    if png_cpu.available():
+        m = run_diagnose(root, sample=6, **FAST)
+        assert m.png_decoder == "wuffs" and m.png_decoder_option is None
+        assert m.wuffs_per_core > 0 and m.wuffs_all_cores > 0
+        assert (m.sample_pngs, m.png_fallbacks) == (6, 1)
+        v = verdict(m)
+        assert v["stage_rates_with_loader"]["decode"] == pytest.approx(v["decode_bounds"]["wuffs"])
+        assert v["stage_rates"]["decode"] == pytest.approx(v["decode_bounds"]["libpng"])
+        assert "leaves 1 of 6 sampled PNGs to libpng" in format_report(m)
+        forced = run_diagnose(root, sample=6, png_decoder="libpng", **FAST)
+        assert forced.png_decoder == "libpng" and forced.wuffs_all_cores > 0
+        f = verdict(forced)
+        assert f["stage_rates_with_loader"]["decode"] == pytest.approx(
+            f["decode_bounds"]["libpng"])
+    # Without Wuffs: libpng runs, and asking for Wuffs fails.
+    monkeypatch.setattr(png_cpu, "available", lambda: False)
+    m = run_diagnose(root, sample=6, **FAST)
+    assert m.png_decoder == "libpng" and m.wuffs_all_cores is None and m.png_fallbacks is None
+    v = verdict(m)
+    assert v["decode_bounds"]["wuffs"] is None
+    assert v["stage_rates_with_loader"]["decode"] == pytest.approx(v["decode_bounds"]["libpng"])
+    with pytest.raises(ImportError, match="pywuffs"):
+        run_diagnose(root, sample=6, png_decoder="wuffs", **FAST)
+    with pytest.raises(ValueError, match="Received: png_decoder='gpu'"):
+        run_diagnose(root, png_decoder="gpu")
+
+
 # ------------------------------------------------------------------------- the CLI
 def _parse(argv):
     p = argparse.ArgumentParser()
@@ -188,6 +300,14 @@ def test_cli_json(tmp_path, capsys):
     assert d["bottleneck"] in ("storage", "decode", "consumer")
     assert d["consumer_img_s"] == pytest.approx(32.0)
     assert set(d["fetch_rates"]) >= {"1", "8", "32", "128"} and d["advice"]
+    assert d["png_decoder"] in ("wuffs", "libpng") and d["decode_bounds"]["libpng"] > 0
+    args = _parse(["diagnose", root, "--json", "--no-loader", "--sample", "6",
+                   "--png-decoder", "libpng"])
+    assert args.func(args) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["png_decoder"] == "libpng" and d["png_decoder_option"] == "libpng"
+    assert d["expected_loader_img_s"] == pytest.approx(min(
+        d["stage_rates_with_loader"]["storage"], d["decode_bounds"]["libpng"]))
 
 
 def test_cli_errors(tmp_path, capsys):

@@ -11,6 +11,12 @@ cache (``gpu_ready=True``, its own cache folder). Its cache is filled by one unt
 the rounds (reported as ``fill_img_s``), so its rounds time cached epochs. Every row reports the CPU
 decodes per epoch (the seed and tuned pipelines decode every image on the CPU; the loader rows count
 them in ``epoch_stats``), and the cached rows the cache's bytes per image and against the source's.
+
+Every row names its PNG decoder (``png_decoder``): libpng for the seed and tuned pipelines
+(``tf.io.decode_png``); for the loader rows the one ``png_decoder`` resolves to (Wuffs where
+installed, else libpng; a cached row's decoder fills its cache). Given several decoders
+(``png_decoder=["wuffs", "libpng"]``), each loader row runs once per decoder, named
+``loader-cpu-wuffs``, ``loader-cpu-libpng`` (and their ``-cached`` twins).
 """
 
 from __future__ import annotations
@@ -27,6 +33,9 @@ from typing import Any, Callable, Iterable, Sequence
 
 from dali_loader.args import positive_int
 from dali_loader.decode.devices import dali_gpu_count
+
+PNG_DECODER_CHOICES = ("wuffs", "libpng")
+DECODER_NAMES = {"wuffs": "Wuffs", "libpng": "libpng", "gpu": "GPU (png_gpu)"}
 
 logger = logging.getLogger(__name__)
 
@@ -207,71 +216,112 @@ def _cache_sizes(loader: Any) -> dict[str, Any]:
             "cache_bytes_vs_source": entries / src_bytes if src_bytes else None}
 
 
+def png_decoder_list(png_decoder: str | Sequence[str] | None) -> list[str | None]:
+    """The loader rows' PNG decoders: [None] (the default), or the distinct names given.
+
+    Raises:
+        ValueError: on a name other than "wuffs" or "libpng".
+    """
+    if png_decoder is None:
+        return [None]
+    names = [png_decoder] if isinstance(png_decoder, str) else list(png_decoder)
+    bad = [n for n in names if n not in PNG_DECODER_CHOICES]
+    if bad or not names:
+        raise ValueError('png_decoder must be None (Wuffs where installed), "wuffs", "libpng" '
+                         f"or a list of them. Received: png_decoder={png_decoder!r}")
+    return list(dict.fromkeys(names))
+
+
 def _pipelines(source: str, batch_size: int, image_size: Sequence[int],
                cache_dir: str | None, include: Sequence[str] | None,
-               ready_dir: Callable[[str], str] | None = None
-               ) -> tuple[dict[str, Any], dict[str, str], list[Any]]:
-    """Builds the pipelines; returns (name -> iterable, name -> skip reason, closers).
+               ready_dir: Callable[[str], str] | None = None,
+               png_decoder: str | Sequence[str] | None = None
+               ) -> tuple[dict[str, Any], dict[str, str], list[Any], dict[str, str]]:
+    """Builds the pipelines; returns (name -> iterable, name -> skip reason, closers,
+    name -> the PNG decoder it runs: "libpng", "wuffs").
 
     ``ready_dir(dev)`` is the cache folder of the ``loader-{dev}-cached`` row (default: a
-    subfolder of ``cache_dir``, which must then be given).
+    subfolder of ``cache_dir``, which must then be given). With several ``png_decoder`` names
+    each loader row runs once per decoder, its name suffixed (``loader-cpu-libpng``); ``include``
+    matches either name.
     """
+    from dali_loader.decode.png_stage import resolve_png_decoder
     from dali_loader.tools.baselines import seed_pipeline, tuned_pipeline
 
+    decoders = png_decoder_list(png_decoder)
     pipes: dict[str, Any] = {}
     skipped: dict[str, str] = {}
     closers: list[Any] = []
+    used: dict[str, str] = {}
     want = lambda n: include is None or n in include  # noqa: E731
     if want("seed"):
         pipes["seed"] = seed_pipeline(source, batch_size=batch_size, image_size=image_size)[0]
+        used["seed"] = "libpng"  # tf.io.decode_png
     if want("tuned"):
         pipes["tuned"] = tuned_pipeline(source, batch_size=batch_size, image_size=image_size,
                                         seed=0)
+        used["tuned"] = "libpng"
     if ready_dir is None and cache_dir is not None:
         ready_dir = lambda dev: os.path.join(cache_dir, f"{dev}-cached")  # noqa: E731
     devices = ["cpu"] + (["gpu"] if dali_gpu_count() > 0 else [])
     for dev in devices:
-        for name, ready in ((f"loader-{dev}", False), (f"loader-{dev}-cached", True)):
-            if not want(name) and not want("loader"):
-                continue
-            if ready and ready_dir is None:
-                skipped[name] = "no cache folder given"
-                continue
-            try:
-                from dali_loader.api import open_dataset
+        for png in decoders:
+            tag = f"{dev}-{png}" if len(decoders) > 1 else dev
+            for base, ready in ((f"loader-{dev}", False), (f"loader-{dev}-cached", True)):
+                name = base.replace(f"loader-{dev}", f"loader-{tag}")
+                if not (want(name) or want(base) or want("loader")):
+                    continue
+                if ready and ready_dir is None:
+                    skipped[name] = "no cache folder given"
+                    continue
+                try:
+                    from dali_loader.api import open_dataset
 
-                # What image_dataset_from_directory builds: TF kernels decode on
-                # the CPU, DALI on the GPU; the loader does the I/O either way.
-                # Cached: through the GPU-ready cache, in its own folder.
-                where = (ready_dir(dev) if ready else
-                         None if cache_dir is None else os.path.join(cache_dir, dev))
-                loader = open_dataset(source, batch_size=batch_size,
-                                      image_size=tuple(image_size), shuffle=True, seed=0,
-                                      device=dev, cache_dir=where, gpu_ready=ready)
-            except Exception as exc:  # a missing loader or device must not kill the other rows
-                skipped[name] = f"{type(exc).__name__}: {exc}"
-                logger.warning("Skipping %s: %s", name, skipped[name])
-                continue
-            pipes[name] = loader
-            closers.append(loader._dali_loader)
+                    used[name] = resolve_png_decoder(png, device=dev, decoder=None,
+                                                     gpu_ready=None).value
+                    # What image_dataset_from_directory builds: PNGs decoded by
+                    # `png_decoder`, the resize by TF's kernels on the CPU, DALI on the
+                    # GPU; the loader does the I/O either way. Cached: through the
+                    # GPU-ready cache, in its own folder.
+                    where = (ready_dir(tag) if ready else
+                             None if cache_dir is None else os.path.join(cache_dir, tag))
+                    loader = open_dataset(source, batch_size=batch_size,
+                                          image_size=tuple(image_size), shuffle=True, seed=0,
+                                          device=dev, cache_dir=where, gpu_ready=ready,
+                                          png_decoder=png)
+                except Exception as exc:  # a missing loader or device must not kill the others
+                    used.pop(name, None)
+                    skipped[name] = f"{type(exc).__name__}: {exc}"
+                    logger.warning("Skipping %s: %s", name, skipped[name])
+                    continue
+                pipes[name] = loader
+                closers.append(loader._dali_loader)
     if "gpu" not in devices:
-        skipped["loader-gpu"] = "no GPU visible"
-        if want("loader-gpu-cached") or want("loader"):
-            skipped["loader-gpu-cached"] = "no GPU visible"
-    return pipes, skipped, closers
+        for png in decoders:
+            tag = f"gpu-{png}" if len(decoders) > 1 else "gpu"
+            skipped[f"loader-{tag}"] = "no GPU visible"
+            if want("loader-gpu-cached") or want(f"loader-{tag}-cached") or want("loader"):
+                skipped[f"loader-{tag}-cached"] = "no GPU visible"
+    return pipes, skipped, closers, used
 
 
 def run_bench(source: str, *, step_time: float = 0.0, batch_size: int = 128,
               image_size: Sequence[int] = (244, 244), rounds: int = 2,
               max_batches: int | None = None, cache_dir: str | None = None,
-              include: Sequence[str] | None = None, progress: bool = True) -> dict[str, Any]:
+              include: Sequence[str] | None = None, progress: bool = True,
+              png_decoder: str | Sequence[str] | None = None) -> dict[str, Any]:
     """Runs every pipeline ``rounds`` times, alternating (order reversed on odd rounds).
 
+    ``png_decoder``: the loader rows' PNG decoder (None: Wuffs where installed, else libpng),
+    or several ("wuffs", "libpng"): each loader row once per decoder.
+
     Returns:
-        A JSON-ready dict: settings, every run, the per-pipeline summary and skipped rows.
+        A JSON-ready dict: settings, every run, the per-pipeline summary (with each row's
+        ``png_decoder``) and skipped rows.
     """
     positive_int("rounds", rounds)
     positive_int("max_batches", max_batches, allow_none=True)
+    png_decoder_list(png_decoder)  # checked before any pipeline is built
     tmps: list[tempfile.TemporaryDirectory] = []
 
     def temp_dir(prefix: str) -> str:
@@ -286,15 +336,18 @@ def run_bench(source: str, *, step_time: float = 0.0, batch_size: int = 128,
     extras: dict[str, dict[str, Any]] = {}
     closers: list[Any] = []
     try:
-        pipes, skipped, closers = _pipelines(source, batch_size, image_size, cache_dir, include,
-                                             ready_dir)
+        pipes, skipped, closers, used = _pipelines(source, batch_size, image_size, cache_dir,
+                                                   include, ready_dir, png_decoder)
+        for name in pipes:
+            extras[name] = {"png_decoder": used[name]}
         for name in [n for n in pipes if n.endswith("-cached")]:
             try:
-                extras[name] = _fill(name, pipes[name], progress)
+                extras[name].update(_fill(name, pipes[name], progress))
             except Exception as exc:  # a failed fill must not kill the other rows
                 skipped[name] = f"filling its cache failed: {type(exc).__name__}: {exc}"
                 logger.warning("Skipping %s: %s", name, skipped[name])
                 loader = pipes.pop(name)._dali_loader
+                extras.pop(name)
                 loader.close()
                 closers.remove(loader)
         for r in range(rounds):
@@ -315,7 +368,7 @@ def run_bench(source: str, *, step_time: float = 0.0, batch_size: int = 128,
                 logger.info("round %d %-17s %7.1f img/s  wait %4.1f%%  cpu %3.0f%%", r + 1,
                             name, stats.img_s, stats.input_wait_pct, stats.cpu_util_pct)
                 runs.append(stats)
-        for name in extras:
+        for name in [n for n in pipes if n.endswith("-cached")]:
             extras[name].update(_cache_sizes(pipes[name]._dali_loader))
     finally:
         for c in closers:
@@ -324,6 +377,7 @@ def run_bench(source: str, *, step_time: float = 0.0, batch_size: int = 128,
             t.cleanup()
     return {"source": str(source), "step_time": step_time, "batch_size": batch_size,
             "image_size": list(image_size), "rounds": rounds, "max_batches": max_batches,
+            "png_decoder": png_decoder,
             "cores": os.cpu_count() or 1, "gpu": dali_gpu_count() > 0,
             "runs": [r.to_dict() for r in runs], "summary": summarize(runs, extras),
             "skipped": skipped}
@@ -372,13 +426,15 @@ def _fmt(value: Any, spec: str, suffix: str = "") -> str:
 
 def results_markdown(res: dict[str, Any]) -> str:
     """The summary as a Markdown table."""
-    lines = ["| pipeline | images/s | first round images/s | step time (ms) | input wait | "
-             "reading | wait after 1st batch | 1st batch wait (s) | CPU utilisation | "
-             "CPU decodes/epoch | cache KB/image | cache / source bytes |",
-             "|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| pipeline | PNG decoder | images/s | first round images/s | step time (ms) | "
+             "input wait | reading | wait after 1st batch | 1st batch wait (s) | "
+             "CPU utilisation | CPU decodes/epoch | cache KB/image | cache / source bytes |",
+             "|---|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
     for s in res["summary"]:
         per_image = s.get("cache_bytes_per_image")
-        lines.append(f"| {s['pipeline']} | {s['img_s']:.1f} | {s['first_round_img_s']:.1f} | "
+        png = s.get("png_decoder")
+        lines.append(f"| {s['pipeline']} | {DECODER_NAMES.get(png, png or '')} | "
+                     f"{s['img_s']:.1f} | {s['first_round_img_s']:.1f} | "
                      f"{s['step_ms']:.0f} | {s['input_wait_pct']:.1f}% | {s['input_bound']} | "
                      f"{s.get('steady_wait_pct', float('nan')):.1f}% | "
                      f"{s.get('first_batch_s', float('nan')):.2f} | {s['cpu_util_pct']:.0f}% | "
@@ -407,9 +463,26 @@ def results_markdown(res: dict[str, Any]) -> str:
         if s.get("cache_bytes_per_image") is not None and s.get("source_bytes_per_image"):
             note += (f" Its cache holds {s['cache_bytes_per_image'] / 1024:.1f} KB per image "
                      f"against {s['source_bytes_per_image'] / 1024:.1f} KB per source file.")
-    if any(s["pipeline"] == "loader-gpu-cached" for s in res["summary"]):
+    if any(s["pipeline"].startswith("loader-gpu") and s["pipeline"].endswith("-cached")
+           for s in res["summary"]):
         note += (" loader-gpu-cached reads TIFF entries that DALI's mixed decoder decodes "
                  "(on the GPU: unverified); PNGs are never decoded on the GPU.")
+    decoders = {s["pipeline"]: s.get("png_decoder") for s in res["summary"]
+                if s["pipeline"].startswith("loader") and s.get("png_decoder")}
+    if decoders:
+        asked = res.get("png_decoder")
+        which = " and ".join(dict.fromkeys(DECODER_NAMES.get(d, d) for d in decoders.values()))
+        if len(set(decoders.values())) > 1:
+            which += ", as their names say"
+        note += (" PNG decoder: seed and tuned decode with libpng (tf.io.decode_png); the loader "
+                 "rows with " + which
+                 + (" (png_decoder's default: Wuffs where installed)" if asked is None else
+                    f" (--png-decoder {asked if isinstance(asked, str) else ' '.join(asked)})")
+                 + "; a -cached row's decoder fills its cache.")
+        for dev in ("cpu", "gpu"):
+            w, lp = base.get(f"loader-{dev}-wuffs"), base.get(f"loader-{dev}-libpng")
+            if w and lp:
+                note += f" loader-{dev}-wuffs/loader-{dev}-libpng = {w / lp:.2f}x."
     if any("cpu_decodes_per_epoch" in s for s in res["summary"]):
         note += (" CPU decodes/epoch: images decoded on the CPU per timed epoch (seed and tuned "
                  "decode every image; blank: epochs cut short by --batches).")
@@ -437,7 +510,7 @@ def plot_throughput(res: dict[str, Any], path: str) -> str:
     a1.set_yticks(list(y), names)
     a1.invert_yaxis()
     a1.set_xlabel("images/s (higher is better)")
-    a1.set_xlim(0, max(s["img_s"] for s in summ) * 1.25 or 1)
+    a1.set_xlim(0, max((s["img_s"] for s in summ), default=0) * 1.25 or 1)
     a1.set_title("Throughput")
     a2.barh(y, [s["input_wait_pct"] for s in summ], color=colors)
     for i, s in enumerate(summ):

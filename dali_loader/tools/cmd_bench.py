@@ -16,9 +16,9 @@ def add_parsers(subparsers) -> argparse.ArgumentParser:
         subparsers, "bench", handler, help="benchmark the seed pipeline, tuned tf.data and this loader",
         description="Runs, alternating in one process, the question's tf.data pipeline verbatim, "
                     "a tuned tf.data pipeline and this loader (CPU, and GPU when present; each also "
-                    "through the GPU-ready cache, filled by an untimed epoch first), each "
-                    "feeding a synthetic step; writes results.json, results.md and "
-                    "throughput.png.")
+                    "through the GPU-ready cache, filled by an untimed epoch first; with each "
+                    "--png-decoder given), each feeding a synthetic step; every row names its PNG "
+                    "decoder; writes results.json, results.md and throughput.png.")
     p.add_argument("--out", default=os.path.join("out", "bench"), metavar="DIR",
                    help="output folder (default: out/bench)")
     p.add_argument("--tensorboard", default=None, metavar="DIR",
@@ -34,7 +34,13 @@ def add_parsers(subparsers) -> argparse.ArgumentParser:
                         "DIR/cpu-cached and DIR/gpu-cached (default: fresh temporary folders)")
     p.add_argument("--only", nargs="+", default=None, metavar="NAME",
                    help="run only these pipelines: seed tuned loader (all loader rows) "
-                        "loader-cpu loader-gpu loader-cpu-cached loader-gpu-cached")
+                        "loader-cpu loader-gpu loader-cpu-cached loader-gpu-cached (each "
+                        "also selects its per-decoder rows, loader-cpu-wuffs ...)")
+    p.add_argument("--png-decoder", nargs="+", choices=("wuffs", "libpng"), default=None,
+                   metavar="{wuffs,libpng}",
+                   help="the loader rows' PNG decoder (default: Wuffs where installed, else "
+                        "libpng); give both to run each loader row once per decoder "
+                        "(loader-cpu-wuffs, loader-cpu-libpng)")
     return p
 
 
@@ -47,7 +53,8 @@ def handler(args: argparse.Namespace) -> int:
     prepare_source(args.source, getattr(args, "verbose", False))
     res = run_bench(args.source, step_time=args.step_time, batch_size=args.batch_size,
                     image_size=tuple(args.image_size), rounds=args.rounds,
-                    max_batches=args.batches, cache_dir=args.cache_dir, include=args.only)
+                    max_batches=args.batches, cache_dir=args.cache_dir, include=args.only,
+                    png_decoder=args.png_decoder)
     argv = sys.argv[1:]
     res["command"] = "dali-loader " + " ".join(argv if argv[:1] == ["bench"] else ["bench", *argv])
     paths = write_results(res, args.out, tensorboard=args.tensorboard)

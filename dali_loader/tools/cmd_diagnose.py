@@ -13,7 +13,7 @@ from dali_loader.tools.cli_common import add_source_command, cli_command, prepar
 def add_parsers(subparsers) -> argparse.ArgumentParser:
     """Registers the ``diagnose`` subcommand on an argparse ``subparsers`` object."""
     p = add_source_command(
-        subparsers, "diagnose", handler, help="measure listing, reads, decode, resize, the loader and the step",
+        subparsers, "diagnose", handler, help="measure listing, reads, decode (libpng and Wuffs), resize, the loader and the step",
         description="Measures each input stage on a sample of SOURCE (a local folder, a FUSE "
                     "mount or gs://bucket/prefix) and names the bottleneck: storage, decode or "
                     "consumer, with advice quoting the measured numbers.")
@@ -25,6 +25,9 @@ def add_parsers(subparsers) -> argparse.ArgumentParser:
                    help="the loader's concurrent reads (default: 64)")
     p.add_argument("--device", choices=("cpu", "gpu"), default=None,
                    help="loader device (default: auto)")
+    p.add_argument("--png-decoder", choices=("wuffs", "libpng"), default=None,
+                   help="the loader's PNG decoder (default: Wuffs where installed, else libpng); "
+                        "both are timed, the loader's bound uses this one")
     p.add_argument("--no-loader", action="store_true", help="skip the end-to-end loader run")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     return p
@@ -41,7 +44,7 @@ def handler(args: argparse.Namespace) -> int:
     m = run_diagnose(args.source, step_time=args.step_time, batch_size=args.batch_size,
                      image_size=tuple(args.image_size), sample=args.sample,
                      measure_loader=not args.no_loader, loader_in_flight=args.max_in_flight,
-                     device=args.device)
+                     device=args.device, png_decoder=args.png_decoder)
     if args.json:
         print(json.dumps(to_json(m), indent=2))
     else:

@@ -6,9 +6,13 @@ the GPU). :func:`verdict` is a pure function of those rates: the stage with the 
 bounds the pipeline. Reads are modelled at two concurrencies: ``cores`` in flight (what a tf.data
 ``map(..., AUTOTUNE)`` keeps, the seed's pipeline) and the loader's ``max_in_flight``.
 
-Decode and resize are timed with TensorFlow's kernels in a thread pool (what the loader decodes
-with on the CPU; Pillow when TF is not installed); they stand for the CPU work any PNG decoder
-does (PNG is always decoded on the CPU, DALI's GPU decoder included).
+Decode and resize are timed in a thread pool of one thread per core. PNG decode is timed twice:
+with libpng (TensorFlow's ``tf.io.decode_image``, what a tf.data pipeline like the seed's runs;
+Pillow when TF is not installed) and with Wuffs (``png_cpu.decode_png``, the loader's default
+where ``pywuffs`` is installed: exactly TF's pixels, the GIL released while it decodes; the files
+it leaves to libpng, and non-PNG files, decoded by libpng as the loader does). PNG is always
+decoded on the CPU, DALI's GPU decoder included. The tf.data-style bounds use libpng; the
+loader's use the decoder it runs (``png_decoder``: Wuffs where installed, else libpng).
 
 When decode bounds the pipeline, a cached epoch of the GPU-ready cache (``gpu_ready=True``) is
 timed too: the sample's raw-pixel entries (``ready_forms.encode_raw``, the TF path's form) read
@@ -69,6 +73,15 @@ class Measurements:
     # and the mean entry size; measured when decode bounds the pipeline (None: not measured).
     cached_all_cores: float | None = None
     cached_object_bytes: float | None = None
+    # The PNG decoder this loader runs ("wuffs" or "libpng"; decode_* above are libpng's), the
+    # option that picked it (None: the default, Wuffs where installed), Wuffs' rates (None: not
+    # installed), the sampled PNGs and how many of them Wuffs leaves to libpng.
+    png_decoder: str = "libpng"
+    png_decoder_option: str | None = None
+    wuffs_per_core: float | None = None
+    wuffs_all_cores: float | None = None
+    sample_pngs: int | None = None
+    png_fallbacks: int | None = None
 
 
 def interp_rate(fetch_rates: dict[int, float], in_flight: float) -> float:
@@ -93,19 +106,43 @@ def interp_rate(fetch_rates: dict[int, float], in_flight: float) -> float:
     return pts[-1][1]
 
 
-def _cpu_rate(m: Measurements) -> float:
+DECODER_NAMES = {"wuffs": "Wuffs", "libpng": "libpng"}
+
+
+def _check_decoder(m: Measurements) -> None:
+    if m.png_decoder not in DECODER_NAMES:
+        raise ValueError('Measurements.png_decoder must be "wuffs" or "libpng". '
+                         f"Received: png_decoder={m.png_decoder!r}")
+    if m.png_decoder == "wuffs" and not m.wuffs_all_cores:
+        raise ValueError('png_decoder="wuffs" needs its measured rate. '
+                         f"Received: wuffs_all_cores={m.wuffs_all_cores!r}")
+
+
+def _cpu_rate(m: Measurements, decoder: str = "libpng") -> float:
+    """Decode+resize images/s on all cores with ``decoder`` ("libpng" or "wuffs")."""
+    decode = m.wuffs_all_cores if decoder == "wuffs" else m.decode_all_cores
     # Decode and resize share the same cores: their per-image costs add up.
-    return 1.0 / (1.0 / m.decode_all_cores + 1.0 / m.resize_all_cores)
+    return 1.0 / (1.0 / decode + 1.0 / m.resize_all_cores)
 
 
 def _consumer_rate(m: Measurements) -> float:
     return m.batch_size / m.step_time if m.step_time > 0 else math.inf
 
 
-def stage_rates(m: Measurements, in_flight: float) -> dict[str, float]:
-    """Images/s each stage could sustain alone, with reads at ``in_flight`` requests."""
-    return {"storage": interp_rate(m.fetch_rates, in_flight), "decode": _cpu_rate(m),
+def stage_rates(m: Measurements, in_flight: float, decoder: str = "libpng") -> dict[str, float]:
+    """Images/s each stage could sustain alone, with reads at ``in_flight`` requests and PNGs
+    decoded by ``decoder``."""
+    return {"storage": interp_rate(m.fetch_rates, in_flight), "decode": _cpu_rate(m, decoder),
             "consumer": _consumer_rate(m)}
+
+
+def _runs_why(m: Measurements) -> str:
+    """Why the loader's decoder is the one that runs: "runs by default", "runs, png_decoder=..."."""
+    if m.png_decoder_option is not None:
+        return f'runs: png_decoder="{m.png_decoder_option}"'
+    if m.png_decoder == "libpng":
+        return "runs: Wuffs is not installed"
+    return "runs by default"
 
 
 def _fmt_rate(x: float) -> str:
@@ -115,11 +152,17 @@ def _fmt_rate(x: float) -> str:
 def verdict(m: Measurements) -> dict[str, Any]:
     """Names the bottleneck and gives advice quoting the measured numbers. Pure function.
 
-    ``bottleneck`` is for a tf.data pipeline like the seed's (about one read in flight per core);
-    ``bottleneck_with_loader`` is for this loader (``loader_in_flight`` reads in flight).
+    ``bottleneck`` is for a tf.data pipeline like the seed's (about one read in flight per core,
+    PNGs decoded by libpng); ``bottleneck_with_loader`` is for this loader (``loader_in_flight``
+    reads in flight, PNGs decoded by ``m.png_decoder``). ``decode_bounds`` is decode+resize on
+    all cores with each decoder (None: not measured).
+
+    Raises:
+        ValueError: when ``m.png_decoder`` is unknown, or "wuffs" without its measured rate.
     """
+    _check_decoder(m)
     tfd = stage_rates(m, m.cores)
-    ldr = stage_rates(m, m.loader_in_flight)
+    ldr = stage_rates(m, m.loader_in_flight, m.png_decoder)
     bottleneck = min(tfd, key=tfd.get)
     bottleneck_loader = min(ldr, key=ldr.get)
     expected_tfdata = min(tfd.values())
@@ -142,7 +185,8 @@ def verdict(m: Measurements) -> dict[str, Any]:
     elif bottleneck == "decode":
         share = 100.0 * cpu / m.resize_all_cores
         advice.append(
-            f"Decode: PNG decode runs at {m.decode_per_core:,.0f} img/s per core, "
+            f"Decode: with libpng (tf.data's decoder) PNG decode runs at "
+            f"{m.decode_per_core:,.0f} img/s per core, "
             f"{m.decode_all_cores:,.0f} img/s on all {m.cores} cores; with resize "
             f"({share:.0f}% of the CPU time) the CPU delivers ~{cpu:,.0f} img/s, below storage "
             f"({tfd['storage']:,.0f} objects/s) and the consumer ({_fmt_rate(cons)}, {step}).")
@@ -157,10 +201,13 @@ def verdict(m: Measurements) -> dict[str, Any]:
             f"~{min(tfd['storage'], cpu):,.0f} img/s even at {m.cores} reads in flight, so the "
             "step is not waiting for input. Speed up the model (mixed precision, XLA, a larger "
             "batch) rather than the input pipeline.")
+    if "decode" in (bottleneck, bottleneck_loader):
+        advice.append(_decoder_advice(m, ldr["decode"]))
     lifts = None
     if m.cached_all_cores is not None and "decode" in (bottleneck, bottleneck_loader):
-        lifts = m.cached_all_cores > cpu
-        advice.append(_cache_advice(m, cpu, cons, lifts))
+        # The cache is the loader's: against the loader's decoder.
+        lifts = m.cached_all_cores > ldr["decode"]
+        advice.append(_cache_advice(m, ldr["decode"], cons, lifts))
     if m.loader_rate is not None:
         advice.append(f"Measured this loader end to end ({m.loader_device}, no step): "
                       f"{m.loader_rate:,.0f} img/s.")
@@ -169,7 +216,33 @@ def verdict(m: Measurements) -> dict[str, Any]:
             "bottleneck_with_loader": bottleneck_loader, "stage_rates_with_loader": fin(ldr),
             "expected_tfdata_img_s": expected_tfdata,
             "expected_loader_img_s": None if math.isinf(expected_loader) else expected_loader,
-            "cache_lifts_decode": lifts, "advice": advice}
+            "cache_lifts_decode": lifts, "png_decoder": m.png_decoder,
+            "decode_bounds": {"libpng": cpu,
+                              "wuffs": _cpu_rate(m, "wuffs") if m.wuffs_all_cores else None},
+            "wuffs_vs_libpng": (m.wuffs_all_cores / m.decode_all_cores if m.wuffs_all_cores
+                                else None),
+            "advice": advice}
+
+
+def _decoder_advice(m: Measurements, loader_cpu: float) -> str:
+    """Which PNG decoder the loader runs, its bound, and the other one's."""
+    if m.png_decoder == "wuffs":
+        text = (f"This loader decodes PNGs with Wuffs ({_runs_why(m)}): "
+                f"{m.wuffs_all_cores:,.0f} img/s on {m.cores} cores, "
+                f"{m.wuffs_all_cores / m.decode_all_cores:.1f}x libpng; with resize "
+                f"~{loader_cpu:,.0f} img/s")
+        if m.png_fallbacks:
+            text += (f"; it leaves {m.png_fallbacks} of the {m.sample_pngs} sampled PNGs to "
+                     "libpng (decoded exactly as TF does, at libpng's speed)")
+        return text + "."
+    if m.wuffs_all_cores:
+        return (f"This loader decodes PNGs with libpng ({_runs_why(m)}): the default, Wuffs, "
+                f"would decode {m.wuffs_all_cores:,.0f} img/s on {m.cores} cores "
+                f"({m.wuffs_all_cores / m.decode_all_cores:.1f}x libpng; with resize "
+                f"~{_cpu_rate(m, 'wuffs'):,.0f} img/s), with exactly TF's pixels.")
+    return ("This loader decodes PNGs with libpng: the fast decoder (Wuffs, about twice "
+            "libpng's speed, exactly TF's pixels) is not installed; `make install` builds it "
+            "(pip install pywuffs==2.0.1).")
 
 
 def _cache_advice(m: Measurements, cpu: float, cons: float, lifts: bool) -> str:
@@ -186,7 +259,8 @@ def _cache_advice(m: Measurements, cpu: float, cons: float, lifts: bool) -> str:
             f"`dali-loader prefetch {m.source} --gpu-ready --cache-dir DIR`) removes the PNG "
             f"decode from every epoch after the first, on the CPU and on the GPU path alike: "
             f"measured here {cached:,.0f} img/s for a cached epoch's decode+resize against "
-            f"{cpu:,.0f} img/s with PNG decode, on {m.cores} cores{size}.")
+            f"{cpu:,.0f} img/s with PNG decode by {DECODER_NAMES[m.png_decoder]}, on "
+            f"{m.cores} cores{size}.")
     if not lifts:
         return text + (" It would not lift the decode bound here (a cached epoch still "
                        "resizes every image, and that dominates): store images pre-resized "
@@ -275,6 +349,39 @@ def _kernels(image_size: Sequence[int]):
         return decode_pil, lambda im: im.resize(size[::-1], Image.BILINEAR)
 
 
+def _wuffs_kernel(libpng: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
+    """The loader's PNG decode with Wuffs (``png_stage.KerasPixels``' rule): a PNG by
+    ``png_cpu.decode_png``, what it leaves (a ``Fallback``) and other files by ``libpng``."""
+    from dali_loader.decode import png_cpu
+
+    def decode(data: bytes):
+        if data[:8] == png_cpu.SIGNATURE:
+            px = png_cpu.decode_png(data, 3)
+            if not isinstance(px, png_cpu.Fallback):
+                return px
+        return libpng(data)
+
+    return decode
+
+
+def _png_counts(blobs: Sequence[bytes]) -> tuple[int, int]:
+    """(PNGs among ``blobs``, those Wuffs leaves to libpng)."""
+    from dali_loader.decode import png_cpu
+
+    pngs = [b for b in blobs if b[:8] == png_cpu.SIGNATURE]
+    return len(pngs), sum(isinstance(png_cpu.decode_png(b, 3), png_cpu.Fallback) for b in pngs)
+
+
+def _resolve_decoder(png_decoder: str | None) -> str:
+    """The PNG decoder the loader runs for ``png_decoder`` ("wuffs" or "libpng")."""
+    if png_decoder not in (None, "wuffs", "libpng"):
+        raise ValueError('png_decoder must be None (Wuffs where installed), "wuffs" or "libpng". '
+                         f"Received: png_decoder={png_decoder!r}")
+    from dali_loader.decode.png_stage import resolve_png_decoder
+
+    return resolve_png_decoder(png_decoder, device="cpu", decoder=None, gpu_ready=None).value
+
+
 def _cached_kernel(image_size: Sequence[int]):
     """``(encode, read)``: a cached entry of decoded pixels, and what a cached epoch does with
     it on the TF path (raw pixels read back, resized like Keras); None without TF."""
@@ -306,9 +413,22 @@ def _timed_map(fn, items: Sequence, workers: int, budget_s: float) -> float:
     return done / (time.perf_counter() - t0)
 
 
+def _timed_alternating(fns: Sequence[Callable], items: Sequence, workers: int,
+                       budget_s: float) -> list[float]:
+    """Items/s of each of ``fns`` (``budget_s`` each): with several, in alternating halves
+    (A B B A) and the better half of each, so that a busy machine's swings fall on both."""
+    if len(fns) == 1:
+        return [_timed_map(fns[0], items, workers, budget_s)]
+    rates: list[list[float]] = [[] for _ in fns]
+    for order in (range(len(fns)), reversed(range(len(fns)))):
+        for i in order:
+            rates[i].append(_timed_map(fns[i], items, workers, budget_s / 2))
+    return [max(r) for r in rates]
+
+
 def _measure_loader(source: str, batch_size: int, image_size: Sequence[int], max_batches: int,
-                    max_in_flight: int, device: str | None) -> tuple[float | None, str | None,
-                                                                    str | None]:
+                    max_in_flight: int, device: str | None, png_decoder: str | None = None
+                    ) -> tuple[float | None, str | None, str | None]:
     """End-to-end images/s of this loader (cold cache for gs://), excluding the first batch."""
     try:
         from dali_loader.api import open_dataset
@@ -318,7 +438,8 @@ def _measure_loader(source: str, batch_size: int, image_size: Sequence[int], max
         try:  # the dataset image_dataset_from_directory builds
             dataset = open_dataset(source, batch_size=batch_size, image_size=tuple(image_size),
                                    shuffle=True, seed=0, device=device,
-                                   max_in_flight=max_in_flight, cache_dir=cache)
+                                   max_in_flight=max_in_flight, cache_dir=cache,
+                                   png_decoder=png_decoder)
         except Exception as exc:  # report, don't crash the diagnosis
             return None, None, f"{type(exc).__name__}: {exc}"
         loader = dataset._dali_loader
@@ -349,7 +470,7 @@ def run_diagnose(source: str, *, step_time: float = 0.0, batch_size: int = 32,
                  levels: Sequence[int] = LEVELS, measure_loader: bool = True,
                  loader_batches: int = 8, loader_in_flight: int = 64,
                  device: str | None = None, budget_s: float = 1.0,
-                 seed: int = 0) -> Measurements:
+                 seed: int = 0, png_decoder: str | None = None) -> Measurements:
     """Measures every stage on a random sample of ``source``.
 
     Args:
@@ -365,6 +486,9 @@ def run_diagnose(source: str, *, step_time: float = 0.0, batch_size: int = 32,
         device: loader device (None = auto).
         budget_s: minimum seconds per decode/resize timing.
         seed: picks the sample.
+        png_decoder: the loader's PNG decoder: None (Wuffs where installed, else libpng),
+            "wuffs" or "libpng". Both are timed whenever Wuffs is installed; the loader's
+            bounds use this one.
 
     Returns:
         The :class:`Measurements`.
@@ -373,6 +497,7 @@ def run_diagnose(source: str, *, step_time: float = 0.0, batch_size: int = 32,
         raise ValueError(f"step_time must be >= 0. Received: step_time={step_time}")
     positive_int("batch_size", batch_size)
     positive_int("sample", sample)
+    runs = _resolve_decoder(png_decoder)
     if len(image_size) != 2 or min(image_size) <= 0:
         raise ValueError(f"image_size must be (height, width) > 0. Received: image_size={image_size}")
     cores = os.cpu_count() or 1
@@ -408,14 +533,25 @@ def run_diagnose(source: str, *, step_time: float = 0.0, batch_size: int = 32,
         blobs = list(pool_ex.map(fetch, paths))
     mean_bytes = statistics.fmean(len(b) for b in blobs)
 
+    from dali_loader.decode import png_cpu
+
     decode, resize = _kernels(image_size)
-    decode_1 = _timed_map(decode, blobs, 1, budget_s)
-    decode_n = _timed_map(decode, blobs, cores, budget_s)
+    decoders = [decode]
+    pngs = fallbacks = None
+    if png_cpu.available():
+        pngs, fallbacks = _png_counts(blobs)  # also creates this thread's decoders
+        decoders.append(_wuffs_kernel(decode))
+    (decode_1, *wuffs_1), (decode_n, *wuffs_n) = (
+        _timed_alternating(decoders, blobs, workers, budget_s) for workers in (1, cores))
+    wuffs_1, wuffs_n = (wuffs_1 or [None])[0], (wuffs_n or [None])[0]
     images = [decode(b) for b in blobs]
     resize_1 = _timed_map(resize, images, 1, budget_s / 2)
     resize_n = _timed_map(resize, images, cores, budget_s / 2)
-    logger.info("decode %.0f/%.0f img/s, resize %.0f/%.0f img/s (1 core/all)",
+    logger.info("decode (libpng) %.0f/%.0f img/s, resize %.0f/%.0f img/s (1 core/all)",
                 decode_1, decode_n, resize_1, resize_n)
+    if wuffs_n is not None:
+        logger.info("decode (Wuffs) %.0f/%.0f img/s (1 core/all); %d of %d PNGs left to libpng",
+                    wuffs_1, wuffs_n, fallbacks, pngs)
 
     m = Measurements(source=str(source), num_files=len(files), listing_s=listing_s, cores=cores,
                      sample=len(paths), mean_object_bytes=mean_bytes,
@@ -424,7 +560,9 @@ def run_diagnose(source: str, *, step_time: float = 0.0, batch_size: int = 32,
                      fetch_rates=fetch_rates, decode_per_core=decode_1, decode_all_cores=decode_n,
                      resize_per_core=resize_1, resize_all_cores=resize_n,
                      batch_size=batch_size, step_time=step_time,
-                     loader_in_flight=loader_in_flight)
+                     loader_in_flight=loader_in_flight, png_decoder=runs,
+                     png_decoder_option=png_decoder, wuffs_per_core=wuffs_1,
+                     wuffs_all_cores=wuffs_n, sample_pngs=pngs, png_fallbacks=fallbacks)
     v = verdict(m)
     if "decode" in (v["bottleneck"], v["bottleneck_with_loader"]):
         kernel = _cached_kernel(image_size)
@@ -438,7 +576,7 @@ def run_diagnose(source: str, *, step_time: float = 0.0, batch_size: int = 32,
                         m.cached_all_cores)
     if measure_loader:
         m.loader_rate, m.loader_device, m.loader_error = _measure_loader(
-            source, batch_size, image_size, loader_batches, loader_in_flight, device)
+            source, batch_size, image_size, loader_batches, loader_in_flight, device, png_decoder)
     return m
 
 
@@ -460,10 +598,12 @@ def format_report(m: Measurements) -> str:
     for c, r in sorted(m.fetch_rates.items()):
         rows.append((f"reads, {c} in flight",
                      f"{r:,.0f} objects/s ({r * m.mean_object_bytes / 1e6:,.1f} MB/s)"))
-    rows += [("decode", f"{m.decode_per_core:,.0f} img/s per core, "
-                        f"{m.decode_all_cores:,.0f} img/s on {m.cores} cores"),
+    rows += [("decode, libpng", f"{m.decode_per_core:,.0f} img/s per core, "
+                                f"{m.decode_all_cores:,.0f} img/s on {m.cores} cores"),
+             ("decode, Wuffs", _wuffs_row(m)),
              ("resize", f"{m.resize_per_core:,.0f} img/s per core, "
                         f"{m.resize_all_cores:,.0f} img/s on {m.cores} cores"),
+             ("decode+resize", _bounds_row(m, v)),
              *([("cached decode+resize",
                  f"{m.cached_all_cores:,.0f} img/s on {m.cores} cores (GPU-ready cache, raw "
                  "entries" + (f" of {m.cached_object_bytes / 1e3:.0f} KB" if m.cached_object_bytes
@@ -477,11 +617,36 @@ def format_report(m: Measurements) -> str:
     w = max(len(a) for a, _ in rows)
     lines = [f"dali-loader diagnose {m.source}", ""]
     lines += [f"  {a:<{w}}  {b}" for a, b in rows]
-    sr = v["stage_rates"]
-    lines += ["", "  stage bounds (img/s), tf.data-style reads (%d in flight): " % m.cores
-              + ", ".join(f"{k} {_fmt_rate(x if x is not None else math.inf)}"
-                          for k, x in sr.items()),
+    bounds = lambda sr: ", ".join(f"{k} {_fmt_rate(x if x is not None else math.inf)}"  # noqa: E731
+                                  for k, x in sr.items())
+    name = DECODER_NAMES[m.png_decoder]
+    lines += ["", f"  stage bounds (img/s), tf.data-style reads ({m.cores} in flight), libpng "
+                  f"decode: {bounds(v['stage_rates'])}",
+              f"  with this loader ({m.loader_in_flight} in flight), {name} decode: "
+              f"{bounds(v['stage_rates_with_loader'])}",
               "", f"bottleneck: {v['bottleneck']}  (with this loader: "
-                  f"{v['bottleneck_with_loader']})", ""]
+                  f"{v['bottleneck_with_loader']}; PNG decoder: {name})", ""]
     lines += [f"- {a}" for a in v["advice"]]
     return "\n".join(lines)
+
+
+def _wuffs_row(m: Measurements) -> str:
+    """The report's Wuffs decode row: its rates and the sampled PNGs it leaves to libpng."""
+    if m.wuffs_all_cores is None:
+        return "not installed (`make install` builds it: pip install pywuffs==2.0.1)"
+    text = (f"{m.wuffs_per_core:,.0f} img/s per core, {m.wuffs_all_cores:,.0f} img/s on "
+            f"{m.cores} cores")
+    if m.sample_pngs is not None:
+        text += f"; leaves {m.png_fallbacks or 0} of {m.sample_pngs} sampled PNGs to libpng"
+    return text
+
+
+def _bounds_row(m: Measurements, v: dict[str, Any]) -> str:
+    """Both decoders' decode+resize bounds on all cores, and which one the loader runs."""
+    b = v["decode_bounds"]
+    tag = lambda d: f" ({_runs_why(m)})" if d == m.png_decoder else ""  # noqa: E731
+    text = f"libpng{tag('libpng')}: {b['libpng']:,.0f} img/s"
+    if b["wuffs"] is not None:
+        text += (f"; Wuffs{tag('wuffs')}: {b['wuffs']:,.0f} img/s "
+                 f"({b['wuffs'] / b['libpng']:.2f}x)")
+    return text
