@@ -275,6 +275,23 @@ def make_pipeline(graph, spec: ImageSpec, batch_size: int, *, gpu: bool, device_
     )()
 
 
+_DALI_NOISE = ("Current pipeline object is no longer valid.", "Critical error in pipeline:",
+               "encountered:")
+
+
+def dali_reason(text: str) -> str:
+    """What DALI's error text says went wrong, without its pipeline boilerplate
+    (a `std::bad_alloc` reads "out of memory")."""
+    lines = [ln.strip() for ln in text.strip().splitlines()]
+    if "encountered:" in lines:  # the reason follows the operator's traceback
+        lines = lines[len(lines) - lines[::-1].index("encountered:"):]
+    lines = [ln for ln in lines if ln and ln not in _DALI_NOISE]
+    reason = " ".join(lines)[:300] or text.strip()[:300]
+    if reason == "std::bad_alloc":
+        return "out of memory (std::bad_alloc)"
+    return reason
+
+
 def probe_decode(data, spec: ImageSpec, input: Input = Input.FILES) -> str | None:
     """Decodes one image alone on the CPU; returns DALI's error text, or None."""
     import numpy as np
@@ -299,7 +316,7 @@ def probe_decode(data, spec: ImageSpec, input: Input = Input.FILES) -> str | Non
     except StopIteration:
         return None
     except Exception as e:  # DALI raises RuntimeError/IndexError subclasses
-        return str(e).strip().splitlines()[-1][:300]
+        return dali_reason(str(e))
     finally:
         try:
             del pipe

@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from dali_loader.args import positive_int
-from dali_loader.errors import BadFileError
+from dali_loader.errors import BadFileError, CorruptImageError
 from dali_loader.feed.order import epoch_order, shard_of, shard_size
 from dali_loader.feed.policy import EpochErrors, SkipReport, check_on_error
 from dali_loader.feed.readahead import ReadAhead
@@ -257,6 +257,9 @@ class FeedEpoch:
             raise RuntimeError("The dataset was closed while an epoch was running.")
         items, positions = [], []
         for pos, result in self._results:
+            if isinstance(result, MemoryError):  # one file's read or decode: its error
+                result = CorruptImageError(self._paths[pos], "out of memory while reading or "
+                                           "decoding it (see max_pixels)")
             if isinstance(result, BadFileError):
                 self.errors(result)
                 continue

@@ -19,6 +19,7 @@ once per iterator). TensorFlow is imported lazily.
 from __future__ import annotations
 
 import functools
+import os
 import struct
 import zlib
 
@@ -42,6 +43,7 @@ from dali_loader.decode.tf_kernels import (
     resize_ready_batch,
 )
 from dali_loader.errors import CorruptImageError
+from dali_loader.feed.checks import DEFAULT_MAX_PIXELS, size_problem
 from dali_loader.feed.epochs import Feed
 from dali_loader.feed.items import CheckedBytes, Paths, Pinned, PinnedOrBytes, RawBytes, read_bytes
 from dali_loader.feed.ready import ReadyBytes, ReadyCache, ReadyPinned
@@ -71,10 +73,10 @@ END_MARKER = _tiny_png()
 def _as_string_and_offset(item) -> tuple[bytes, int]:
     """An item as (string, offset): a file to read from `offset` on (a local
     path: 0; a pinned cache entry: its payload offset), or bytes (-1)."""
-    if isinstance(item, str):
-        return item.encode(), 0
+    if isinstance(item, str):  # as the OS spells it: any name, UTF-8 or not
+        return os.fsencode(item), 0
     if isinstance(item, Pinned):
-        return item.file.encode(), int(item.offset)
+        return os.fsencode(item.file), int(item.offset)
     return item, -1
 
 
@@ -83,7 +85,8 @@ def make_loader(source: Source, index: Index, spec: ImageSpec, *, batch_size: in
                 num_threads: int | None = None, on_error: str = "raise",
                 max_in_flight: int = 64, shard: tuple[int, int] = (0, 1),
                 device_id: int = 0, gpu_ready: ReadyForm | None = None,
-                png_decoder: str | None = None) -> DaliBatches | Feed:
+                png_decoder: str | None = None,
+                max_pixels: int | None = DEFAULT_MAX_PIXELS) -> DaliBatches | Feed:
     """What a dataset iterates: `DaliBatches` on the GPU (or `decoder="dali"`),
     else a `Feed` for TF's kernels. On a local disk TF reads the files; FUSE/NFS
     mounts and URLs keep the feed's read-ahead with `max_in_flight` reads.
@@ -93,21 +96,24 @@ def make_loader(source: Source, index: Index, spec: ImageSpec, *, batch_size: in
     once; raw entries are then only reshaped (by TF's kernels or by DALI), TIFF
     entries decoded by DALI. `png_decoder="gpu"` (DALI path, no `gpu_ready`)
     decodes each batch's PNGs with the batched GPU PNG decoder before DALI
-    (`png_batches`), the other files with TF on the CPU; DALI only resizes."""
+    (`png_batches`), the other files with TF on the CPU; DALI only resizes.
+    Every path refuses images whose header claims over `max_pixels` (None: no limit)."""
     png = check_png_decoder(png_decoder, device=device, decoder=decoder, gpu_ready=gpu_ready)
     kw = dict(shuffle=shuffle, seed=seed, on_error=on_error, max_in_flight=max_in_flight,
               source=source, batch_size=batch_size, shard=shard)
     dali = decoder == "dali" or device == "gpu"
     check_form_for_decoder(gpu_ready, dali)
     if gpu_ready is not None:
-        ready = ready_cache(source, gpu_ready, spec.channels)
+        ready = ready_cache(source, gpu_ready, spec.channels, max_pixels)
     if png:  # the decoder expands alpha itself: the byte checks only
-        feed = Feed(index, CheckedBytes(source), chunk_size=batch_size, **kw)
+        feed = Feed(index, CheckedBytes(source, max_pixels=max_pixels), chunk_size=batch_size,
+                    **kw)
         stage = PngBatches(spec.channels, device=device, device_id=device_id)
         return DaliBatches(feed, spec, device=device, num_threads=num_threads,
                            device_id=device_id, input=Input.PIXELS, png=stage)
     if dali:
-        items = ReadyBytes(ready) if gpu_ready else CheckedBytes(source, rgba=spec.channels == 4)
+        items = (ReadyBytes(ready) if gpu_ready else
+                 CheckedBytes(source, rgba=spec.channels == 4, max_pixels=max_pixels))
         feed = Feed(index, items, chunk_size=batch_size, **kw)
         input = {None: Input.FILES, ReadyForm.RAW: Input.READY_RAW,
                  ReadyForm.TIFF: Input.READY_TIFF}[gpu_ready]
@@ -115,20 +121,27 @@ def make_loader(source: Source, index: Index, spec: ImageSpec, *, batch_size: in
                            device_id=device_id, input=input)
     if gpu_ready is not None:  # whole batches of entries, resized as one tensor
         return Feed(index, ReadyPinned(ready), chunk_size=batch_size, **kw)
-    items = {SourceKind.LOCAL_DISK: Paths(), SourceKind.NETWORK_FS: RawBytes(source),
-             SourceKind.REMOTE: PinnedOrBytes(source)}[source.kind]
+    items = {SourceKind.LOCAL_DISK: Paths, SourceKind.NETWORK_FS: RawBytes,
+             SourceKind.REMOTE: PinnedOrBytes}[source.kind]
+    items = Paths(max_pixels) if items is Paths else items(source, max_pixels)
     # TF batches again after decoding: small chunks let decoding start on the
     # first files of an epoch instead of waiting for a whole batch.
     return Feed(index, items, chunk_size=min(batch_size, TF_CHUNK), **kw)
 
 
-def ready_cache(source: Source, form: ReadyForm, channels: int) -> ReadyCache:
+def ready_cache(source: Source, form: ReadyForm, channels: int,
+                max_pixels: int | None = DEFAULT_MAX_PIXELS) -> ReadyCache:
     """The GPU-ready cache of `source` in `form`, filled by TF's decoder."""
-    return ReadyCache(source, form, channels, functools.partial(_keras_pixels, channels))
+    return ReadyCache(source, form, channels,
+                      functools.partial(_keras_pixels, channels, max_pixels))
 
 
-def _keras_pixels(channels: int, data: bytes, path: str) -> np.ndarray:
-    """The GPU-ready cache's decoder: TF's, eagerly, on a read-ahead thread."""
+def _keras_pixels(channels: int, max_pixels: int | None, data: bytes, path: str) -> np.ndarray:
+    """The GPU-ready cache's decoder: TF's, eagerly, on a read-ahead thread
+    (after the header's size check)."""
+    problem = size_problem(data, max_pixels)
+    if problem:
+        raise CorruptImageError(path, problem)
     return pixels_like_keras(data, path, channels, import_tf())
 
 
