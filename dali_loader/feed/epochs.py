@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import logging
 import threading
 import time
 import weakref
@@ -27,6 +28,8 @@ from dali_loader.feed.order import epoch_order, shard_of, shard_size
 from dali_loader.feed.policy import EpochErrors, SkipReport, check_on_error
 from dali_loader.feed.readahead import ReadAhead
 from dali_loader.index import Index
+
+logger = logging.getLogger(__name__)
 
 
 class Tally:
@@ -322,7 +325,11 @@ class FeedEpoch:
                 return
             self.closed = True
             held, self._held = list(self._held.values()), {}
-        self._feed.epoch_tallies.append({"epoch": self.number, **self.tally.as_dict()})
+        tally = self.tally.as_dict()
+        self._feed.epoch_tallies.append({"epoch": self.number, **tally})
+        if tally.get("cache_write_failures"):
+            logger.warning("Epoch %d: %d cache writes failed; those files were read uncached.",
+                           self.number, tally["cache_write_failures"])
         close = getattr(self._stream, "close", None)
         if close is not None:
             close()

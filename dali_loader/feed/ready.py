@@ -30,7 +30,7 @@ import numpy as np
 
 from dali_loader.decode.ready_forms import ReadyForm, encode
 from dali_loader.feed.items import Pinned, read_errors
-from dali_loader.storage.cache import DerivedMeta
+from dali_loader.storage.cache import DerivedMeta, WriteFailures
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +61,7 @@ class ReadyCache:
         self.namespace = f"ready.v{FORMAT_VERSION}/{form.value}/c{channels}"
         self.fills = 0
         self.hits = 0
+        self.write_failures = WriteFailures(self.cache.root)
         self._lock = threading.Lock()
 
     def meta(self, path: str) -> DerivedMeta:
@@ -79,12 +80,16 @@ class ReadyCache:
         the entry's bytes when it cannot be pinned (just made, or no hard links)."""
         meta = self.meta(path)
         where = self.cache.pin(self.namespace, meta)
-        if where is None and self.cache.get(self.namespace, meta) is not None:
+        if where is None:
+            data = self.cache.get(self.namespace, meta)
+            if data is None:
+                return self.fill(path, tally)
             where = self.cache.pin(self.namespace, meta)  # verified now
-        if where is not None:
-            self._count("hits", tally)
-            return Pinned(*where)
-        return self.fill(path, tally)
+            if where is None:  # no hard links here (or a read-only cache): the bytes
+                self._count("hits", tally)
+                return data
+        self._count("hits", tally)
+        return Pinned(*where)
 
     def bytes(self, path: str, tally=None) -> bytes:
         """The entry's bytes (filled first when missing)."""
@@ -105,8 +110,10 @@ class ReadyCache:
             return entry
         try:
             self.cache.put(self.namespace, DerivedMeta(path, version), entry)
-        except OSError as e:  # a full disk must not stop training
-            logger.warning("Could not write to the cache %s: %s", self.cache.root, e)
+        except OSError as e:  # a full disk must not stop training: logged once per cause
+            self.write_failures.add(e)
+            if tally is not None:
+                tally.add("cache_write_failures")
         return entry
 
     def release(self, item: Any) -> None:

@@ -21,13 +21,21 @@ A reader that hands an entry's path to another reader (TF reads warm entries
 itself) first *pins* it: a hard link under ``pins/``. Eviction unlinks only the
 name under ``objects/``, so a pinned file stays readable until it is unpinned;
 pins of a killed process are removed like its temp files.
+
+A cache this process cannot write in (a read-only mount, a folder of another
+user) is opened read-only: its verified entries are used as they are, without
+the lock (a complete cache shipped on a read-only image), and nothing new is
+written (`put` returns False). A write that fails (a full disk) is the
+caller's to count: `WriteFailures` logs the first of each cause only.
 """
 
 from __future__ import annotations
 
 import base64
+import collections
 import contextlib
 import dataclasses
+import errno
 import hashlib
 import itertools
 import json
@@ -138,18 +146,19 @@ class DiskCache:
         self._objects = os.path.join(self._base, "objects")
         self._tmp = os.path.join(self._base, "tmp")
         self._pins_root = os.path.join(self._base, "pins")
-        os.makedirs(self._objects, exist_ok=True)
-        os.makedirs(self._tmp, exist_ok=True)
-        os.makedirs(self._pins_root, exist_ok=True)
         self._pins = os.path.join(self._pins_root, f"{os.getpid()}.{uuid.uuid4().hex[:12]}")
         self._pin_ids = itertools.count()
         self.verify_on_hit = verify_on_hit
         self.fsync = fsync
         self.touch_interval_s = touch_interval_s
         self._mutex = threading.Lock()  # guards _approx_bytes
-        with self._locked():
-            self._remove_stale_temp()
+        self.read_only = not self._open_writable()
+        if self.read_only:
             used = self._scan_usage()[1]
+        else:
+            with self._locked():
+                self._remove_stale_temp()
+                used = self._scan_usage()[1]
         if max_bytes is None:
             max_bytes = max(1, (shutil.disk_usage(self.root).free + used) // 2)
         self.max_bytes = int(max_bytes)
@@ -158,6 +167,29 @@ class DiskCache:
         # path -> (payload offset, payload size), for entries this process verified
         # (read or wrote).
         self._verified: dict[str, tuple[int, int]] = {}
+
+    def _open_writable(self) -> bool:
+        """Creates the layout; False (logged once) when this process cannot write in it."""
+        try:
+            for folder in (self._objects, self._tmp, self._pins_root):
+                os.makedirs(folder, exist_ok=True)
+            os.close(os.open(os.path.join(self._base, "lock"), os.O_RDWR | os.O_CREAT, 0o644))
+            for folder in (self._objects, self._tmp, self._pins_root):
+                if not os.access(folder, os.W_OK | os.X_OK):
+                    raise PermissionError(errno.EACCES, "not writable", folder)
+            return True
+        except OSError as e:
+            if e.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
+                raise
+            cause = e
+        if os.path.isdir(self._objects):
+            logger.info("The cache %s is read-only here (%s): its entries are used as they "
+                        "are, without taking its lock; nothing new is cached.", self.root,
+                        cause.strerror)
+        else:
+            logger.warning("The cache %s cannot be written (%s): reads go uncached. Pass a "
+                           "writable cache_dir to cache them.", self.root, cause.strerror)
+        return False
 
     # ---------------------------------------------------------------- keys
     @staticmethod
@@ -188,7 +220,7 @@ class DiskCache:
             self._verified[path] = (len(blob) - len(data), len(data))
         if problem:
             logger.warning("Discarding the cache entry of %s (%s): %s.", meta.name, bucket, problem)
-            with contextlib.suppress(FileNotFoundError):
+            with contextlib.suppress(OSError):  # gone, or a read-only cache
                 os.unlink(path)
             return None
         self._touch(path)
@@ -218,7 +250,7 @@ class DiskCache:
         """
         path = self.path_for(bucket, meta)
         verified = self._verified.get(path)
-        if verified is None:
+        if verified is None or self.read_only:
             return None
         offset, size = verified
         os.makedirs(self._pins, exist_ok=True)
@@ -272,8 +304,9 @@ class DiskCache:
         return None, data
 
     def put(self, bucket: str, meta: ObjectMeta, data: bytes) -> bool:
-        """Store verified ``data`` for ``meta`` atomically; False when it cannot fit."""
-        if len(data) > self.max_bytes * _LOW_WATERMARK:
+        """Store verified ``data`` for ``meta`` atomically; False when it cannot fit
+        (or the cache is read-only)."""
+        if self.read_only or len(data) > self.max_bytes * _LOW_WATERMARK:
             return False
         crc32c = _crc32c(data) if isinstance(meta, DerivedMeta) else meta.crc32c
         header = json.dumps({"bucket": bucket, "name": meta.name, "generation": meta.generation,
@@ -322,6 +355,8 @@ class DiskCache:
             os.close(fd)  # closing releases the lock
 
     def _entries(self) -> Iterator[os.DirEntry]:
+        if not os.path.isdir(self._objects):  # a read-only cache never made
+            return
         with os.scandir(self._objects) as shards:
             for shard in shards:
                 if shard.is_dir(follow_symlinks=False):
@@ -351,6 +386,8 @@ class DiskCache:
 
     def evict(self, target_bytes: int) -> int:
         """Delete least-recently-used entries until usage <= ``target_bytes``; returns bytes freed."""
+        if self.read_only:
+            return 0
         with self._locked():
             entries = []
             for e in self._entries():
@@ -376,7 +413,8 @@ class DiskCache:
     def stats(self) -> CacheStats:
         """Count entries, bytes and leftover temp files."""
         n, total = self._scan_usage()
-        return CacheStats(self.root, n, total, len(os.listdir(self._tmp)), self.max_bytes)
+        temp = len(os.listdir(self._tmp)) if os.path.isdir(self._tmp) else 0
+        return CacheStats(self.root, n, total, temp, self.max_bytes)
 
     def clear(self) -> None:
         """Remove every entry and temp file of stopped processes."""
@@ -387,6 +425,35 @@ class DiskCache:
             self._remove_stale_temp()
             with self._mutex:
                 self._approx_bytes = 0
+
+
+class WriteFailures:
+    """Failed cache writes (a full disk): the first of each cause is logged, the
+    rest only counted; `take()` hands the count over (e.g. at an epoch's end)."""
+
+    def __init__(self, root: str):
+        self.root = root
+        self._lock = threading.Lock()
+        self._causes: set[str] = set()
+        self._count: collections.Counter[str] = collections.Counter()
+
+    def add(self, err: OSError) -> None:
+        """Counts one failed write; logs it when its cause is new."""
+        cause = err.strerror or type(err).__name__
+        with self._lock:
+            new = cause not in self._causes
+            self._causes.add(cause)
+            self._count[cause] += 1
+        if new:
+            logger.warning("Could not write to the cache %s (%s): nothing is lost, the data is "
+                           "read uncached; further failures of this cause are counted, not "
+                           "logged.", self.root, err)
+
+    def take(self) -> dict[str, int]:
+        """Cause -> failed writes since the last call."""
+        with self._lock:
+            out, self._count = dict(self._count), collections.Counter()
+        return out
 
 
 def _pid_alive(pid: int) -> bool:
