@@ -178,10 +178,9 @@ for kw in ({}, {"decoder": "dali"}):
 """
 
 
-def _run_as_nobody(root: str, cache: str, tag: str) -> tuple[list[str], str]:
-    env = dict(os.environ, PYTHONPATH=str(REPO), HOME=tempfile.gettempdir(),
-               TF_CPP_MIN_LOG_LEVEL="3", KERAS_HOME=os.path.join(tempfile.gettempdir(),
-                                                                  "keras-nobody"))
+def _run_as_nobody(root: str, cache: str, tag: str, tmp: str) -> tuple[list[str], str]:
+    env = dict(os.environ, PYTHONPATH=str(REPO), HOME=tmp, TMPDIR=tmp, TF_CPP_MIN_LOG_LEVEL="3",
+               KERAS_HOME=os.path.join(tmp, "keras"))
     r = subprocess.run([sys.executable, "-c", _AS_NOBODY, root, cache, tag],
                        capture_output=True, text=True, timeout=300, env=env, cwd="/")
     assert r.returncode == 0, r.stderr[-3000:]
@@ -195,8 +194,10 @@ def test_read_only_cache_as_another_user(pngsuite):
     is used without its lock: nothing decoded, one log line. A cache folder the
     user cannot write at all: uncached reads and one warning, not an OSError."""
     base = tempfile.mkdtemp(prefix="dali-loader-ro-")
+    tmp = tempfile.mkdtemp(prefix="dali-loader-ro-tmp-")  # the reader's own temp files
     try:
         os.chmod(base, 0o755)
+        os.chmod(tmp, 0o777)
         root, cache = os.path.join(base, "data"), os.path.join(base, "cache")
         os.makedirs(os.path.join(root, "a"))
         for name in ("basn2c08.png", "basn0g08.png", "basn6a08.png"):
@@ -210,18 +211,19 @@ def test_read_only_cache_as_another_user(pngsuite):
             os.chmod(d, 0o555)
             for f in files:
                 os.chmod(os.path.join(d, f), 0o444)
-        lines, err = _run_as_nobody(root, cache, "complete")
+        lines, err = _run_as_nobody(root, cache, "complete", tmp)
         assert lines == [f"complete {d} 3 3 0" for d in ("tf", "tf", "dali", "dali")]
         assert err.count("is read-only here") == 2, err[-2000:]  # one per dataset
         assert not [ln for ln in err.splitlines() if ln.startswith("WARNING ")], err[-2000:]
         empty = os.path.join(base, "data", "a")  # exists, not writable: nothing cached
-        lines, err = _run_as_nobody(root, empty, "empty")
+        lines, err = _run_as_nobody(root, empty, "empty", tmp)
         assert lines == [f"empty {d} 3 0 3" for d in ("tf", "tf", "dali", "dali")]
         assert err.count("cannot be written") == 2, err[-2000:]
     finally:
         for d, _, _ in os.walk(base):
             os.chmod(d, 0o755)
         shutil.rmtree(base, ignore_errors=True)
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 @contextlib.contextmanager
