@@ -244,6 +244,10 @@ def build_pipeline(
         kw = {}
         if input is Input.PIXELS:  # decoded HWC pixels, on the device they were decoded on
             kw = dict(device="gpu" if gpu else "cpu", ndim=3, layout="HWC")
+        elif input is Input.READY_RAW:
+            # Entries are held (`source` keeps each batch until its output is out):
+            # no copy of a large raw entry into DALI.
+            kw = dict(no_copy=True)
         enc = dali.fn.external_source(
             source=source, batch=True, dtype=dali.types.UINT8, cycle="raise", name="encoded", **kw
         )

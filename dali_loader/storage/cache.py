@@ -80,10 +80,26 @@ class DerivedMeta:
     md5: None = None
 
 
-def _crc32c(data: bytes) -> str:
+_CRC_STEP = 64 << 20  # bytes per CRC32C update: a large entry is never copied whole
+
+
+def _crc32c(data) -> str:
+    """Base64 CRC32C of bytes, or of buffers (memoryviews, numpy arrays; a list
+    of them one after the other) in steps: a large entry is never copied whole."""
     import google_crc32c
 
-    return base64.b64encode(struct.pack(">I", google_crc32c.value(data))).decode()
+    if isinstance(data, bytes):
+        return base64.b64encode(struct.pack(">I", google_crc32c.value(data))).decode()
+    crc = google_crc32c.Checksum()
+    for part in data if isinstance(data, list) else [data]:
+        view = memoryview(part).cast("B")
+        for at in range(0, len(view), _CRC_STEP):
+            crc.update(bytes(view[at:at + _CRC_STEP]))
+    return base64.b64encode(crc.digest()).decode()
+
+
+def _nbytes(part) -> int:
+    return part.nbytes if hasattr(part, "nbytes") else len(part)
 
 
 def default_cache_dir() -> str:
@@ -207,15 +223,24 @@ class DiskCache:
         return os.path.join(self._objects, k[:2], k)
 
     # ------------------------------------------------------------ get/put
-    def get(self, bucket: str, meta: ObjectMeta) -> bytes | None:
-        """The verified cached bytes of ``meta``, or None (a miss, or a bad entry, removed)."""
+    def get(self, bucket: str, meta: ObjectMeta, *, view: bool = False,
+            alloc=None) -> bytes | None:
+        """The verified cached bytes of ``meta``, or None (a miss, or a bad entry, removed).
+
+        With ``view``, a memoryview of the payload instead of bytes: no copy of
+        the payload (a large entry is held once, not twice); ``alloc(nbytes)``
+        then gives the writable uint8 array the file is read into (default: bytes)."""
         path = self.path_for(bucket, meta)
         try:
             with open(path, "rb") as f:
-                blob = f.read()  # one read: syscalls hand the GIL over, copies are cheap
+                if view and alloc is not None:
+                    buf = memoryview(alloc(os.fstat(f.fileno()).st_size)).cast("B")
+                    blob = buf[:f.readinto(buf)]
+                else:  # one read: syscalls hand the GIL over, copies are cheap
+                    blob = f.read()
         except FileNotFoundError:
             return None
-        problem, data = self._decode(blob, bucket, meta)
+        problem, data = self._decode(memoryview(blob) if view else blob, bucket, meta)
         if not problem:
             self._verified[path] = (len(blob) - len(data), len(data))
         if problem:
@@ -279,12 +304,12 @@ class DiskCache:
         """Releases every pin this instance still holds."""
         shutil.rmtree(self._pins, ignore_errors=True)
 
-    def _decode(self, blob: bytes, bucket: str, meta: ObjectMeta) -> tuple[str | None, bytes]:
+    def _decode(self, blob, bucket: str, meta: ObjectMeta) -> tuple[str | None, bytes]:
         if len(blob) < 8 or blob[:4] != _MAGIC:
             return "bad header", b""
         (hlen,) = struct.unpack(">I", blob[4:8])
         try:
-            header = json.loads(blob[8: 8 + hlen])
+            header = json.loads(bytes(blob[8: 8 + hlen]))
         except ValueError:
             return "bad header", b""
         if (header.get("bucket"), header.get("name"), header.get("generation")) != (bucket, meta.name, meta.generation):
@@ -303,32 +328,36 @@ class DiskCache:
                 return problem, b""
         return None, data
 
-    def put(self, bucket: str, meta: ObjectMeta, data: bytes) -> bool:
+    def put(self, bucket: str, meta: ObjectMeta, data) -> bool:
         """Store verified ``data`` for ``meta`` atomically; False when it cannot fit
-        (or the cache is read-only)."""
-        if self.read_only or len(data) > self.max_bytes * _LOW_WATERMARK:
+        (or the cache is read-only). ``data``: bytes, or a list of buffers (e.g. a
+        header and a numpy array) written one after the other, never joined."""
+        parts = data if isinstance(data, list) else [data]
+        size = sum(_nbytes(p) for p in parts)
+        if self.read_only or size > self.max_bytes * _LOW_WATERMARK:
             return False
         crc32c = _crc32c(data) if isinstance(meta, DerivedMeta) else meta.crc32c
         header = json.dumps({"bucket": bucket, "name": meta.name, "generation": meta.generation,
-                             "size": len(data), "crc32c": crc32c, "md5": meta.md5}).encode()
+                             "size": size, "crc32c": crc32c, "md5": meta.md5}).encode()
         path = self.path_for(bucket, meta)
         tmp = os.path.join(self._tmp, f"{os.getpid()}.{uuid.uuid4().hex}.tmp")
         try:
             with open(tmp, "wb") as f:
                 f.write(_MAGIC + struct.pack(">I", len(header)) + header)
-                f.write(data)
+                for part in parts:
+                    f.write(part)
                 if self.fsync:
                     f.flush()
                     os.fsync(f.fileno())
             os.makedirs(os.path.dirname(path), exist_ok=True)
             os.replace(tmp, path)
-            self._verified[path] = (8 + len(header), len(data))
+            self._verified[path] = (8 + len(header), size)
         except BaseException:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
             raise
         with self._mutex:
-            self._approx_bytes += len(data)
+            self._approx_bytes += size
             over = self._approx_bytes > self.max_bytes
         if over:
             self.evict(int(self.max_bytes * _LOW_WATERMARK))

@@ -133,7 +133,8 @@ def ready_cache(source: Source, form: ReadyForm, channels: int,
                 max_pixels: int | None = DEFAULT_MAX_PIXELS) -> ReadyCache:
     """The GPU-ready cache of `source` in `form`, filled by TF's decoder."""
     return ReadyCache(source, form, channels,
-                      functools.partial(_keras_pixels, channels, max_pixels))
+                      functools.partial(_keras_pixels, channels, max_pixels),
+                      alloc=functools.partial(_pooled_empty, import_tf()))
 
 
 def _keras_pixels(channels: int, max_pixels: int | None, data: bytes, path: str) -> np.ndarray:
@@ -371,6 +372,20 @@ def _aligned_empty(nbytes: int) -> np.ndarray:
     return base[start:start + nbytes]
 
 
+def _pooled_empty(tf, nbytes: int) -> np.ndarray:
+    """`_aligned_empty(nbytes)`, but from TF's own CPU allocator where it can be
+    viewed writable: that allocator pools what it frees (oneDNN's), so the buffer
+    of a batch with a huge image reuses the memory TF freed after decoding it
+    (when the entry was filled) instead of adding a second copy's worth."""
+    try:
+        out = tf.raw_ops.Empty(shape=[nbytes], dtype=tf.uint8, init=False)._numpy()
+    except (AttributeError, TypeError, ValueError):  # pragma: no cover - a future TF
+        return _aligned_empty(nbytes)
+    if out.flags.writeable and out.ctypes.data % ALIGN == 0:
+        return out  # its base holds TF's buffer
+    return _aligned_empty(nbytes)  # pragma: no cover - a future TF
+
+
 class _OpenEntry:
     """A raw entry opened once: its shape from the header, then its pixels read
     into a caller's buffer (a pinned file), or copied from its bytes."""
@@ -401,12 +416,33 @@ class _OpenEntry:
             self.file.close()
 
 
+def _ready_layout(sizes: np.ndarray) -> tuple[np.ndarray, int]:
+    """Where each entry goes in a batch's buffer, and the buffer's size.
+
+    Same-size entries lie back to back (the batch is one tensor). Otherwise the
+    largest lies last, at an `ALIGN`ed offset: TF's slice of it (aligned, to the
+    end) shares the buffer instead of copying it, so a huge image among small
+    ones is held once."""
+    offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+    if len(sizes) < 2 or (sizes == sizes[0]).all():
+        return offsets, int(sizes.sum())
+    big = int(np.argmax(sizes))
+    rest = [i for i in range(len(sizes)) if i != big]
+    at = 0
+    for i in rest:
+        offsets[i] = at
+        at += int(sizes[i])
+    offsets[big] = -(-at // ALIGN) * ALIGN
+    return offsets, int(offsets[big] + sizes[big])
+
+
 class _ReadyEpochs:
     """What the GPU-ready cache's generator calls on the TF path, once per iterator:
     whole batches of raw entries, read into one aligned buffer (one copy, from the
-    page cache, shared with TF), with the images' shapes."""
+    page cache, shared with TF), with the images' shapes and offsets in it."""
 
-    def __init__(self, feed: Feed, which: tuple[int | None, int]):
+    def __init__(self, tf, feed: Feed, which: tuple[int | None, int]):
+        self.tf = tf
         self.feed = feed
         self.which = which
 
@@ -419,17 +455,18 @@ class _ReadyEpochs:
                     for item in chunk.items:
                         entries.append(_OpenEntry(item))
                     shapes = np.asarray([e.shape for e in entries], np.int32)
-                    sizes = np.prod(shapes, axis=1)
-                    flat = _aligned_empty(int(sizes.sum()))
-                    for entry, end, size in zip(entries, np.cumsum(sizes), sizes):
-                        entry.read_into(flat[end - size:end])
+                    sizes = np.prod(shapes, axis=1, dtype=np.int64)
+                    offsets, total = _ready_layout(sizes)
+                    flat = _pooled_empty(self.tf, total)
+                    for entry, at, size in zip(entries, offsets, sizes):
+                        entry.read_into(flat[at:at + size])
                 finally:
                     for entry in entries:
                         entry.close()
                 epoch.release(chunk.positions)
                 labels = epoch.labels(chunk.positions)
-                yield flat, shapes, (np.zeros(len(shapes), np.int32) if labels is None
-                                     else labels.astype(np.int32))
+                yield flat, shapes, offsets, (np.zeros(len(shapes), np.int32) if labels is None
+                                              else labels.astype(np.int32))
         finally:
             epoch.close()
 
@@ -439,13 +476,14 @@ def _ready_dataset(tf, feed: Feed, spec: ImageSpec, batch_size: int | None,
     """The TF path over the GPU-ready cache's raw entries: nothing to decode,
     so no audit; a batch of same-size images is resized as one tensor (one
     output allocation per batch instead of one per image and op)."""
-    epochs = _ReadyEpochs(feed, which)
+    epochs = _ReadyEpochs(tf, feed, which)
     sig = (tf.TensorSpec((None,), tf.uint8), tf.TensorSpec((None, 3), tf.int32),
-           tf.TensorSpec((None,), tf.int32))
+           tf.TensorSpec((None,), tf.int64), tf.TensorSpec((None,), tf.int32))
     # TF calls the generator once per iterator: one independent epoch each.
     ds = tf.data.Dataset.from_generator(_weakly(epochs, "epoch", lambda: iter(())),
                                         output_signature=sig)
     ds._dali_epochs = epochs  # held by every dataset and iterator derived from it
-    ds = ds.map(lambda flat, shapes, y: (resize_ready_batch(flat, shapes, spec, tf), y),
+    ds = ds.map(lambda flat, shapes, offsets, y: (resize_ready_batch(flat, shapes, offsets,
+                                                                     spec, tf), y),
                 num_parallel_calls=num_threads or default_num_threads(), deterministic=True)
     return ds.unbatch() if batch_size is None else ds
