@@ -266,3 +266,73 @@ def test_full_disk_warns_once_per_cause(tmp_path, caplog, path):
     counts = [m for m in msgs if "cache writes failed" in m]
     assert 1 <= len(counts) <= 3, msgs
     assert len(msgs) <= 4, msgs
+
+
+_PEAK = """
+import resource, sys
+limit = 8 << 30
+resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+root, path, cache = sys.argv[1:4]
+kw = {"decoder": "dali"} if "dali" in path else {}
+if path.startswith("ready"):
+    kw.update(gpu_ready=True, cache_dir=cache)
+if path == "keras":
+    import keras
+    ds = keras.utils.image_dataset_from_directory(root, image_size=(64, 64), batch_size=4,
+                                                  verbose=False)
+else:
+    from tf_adapter import image_dataset_from_directory as ours
+    ds = ours(root, image_size=(64, 64), batch_size=4, verbose=False, on_error="skip", **kw)
+n = [sum(int(x.shape[0]) for x, _ in ds) for _ in range(2 if "ready" in path else 1)]
+skipped = getattr(getattr(ds, "_dali_loader", None), "skipped", {})
+print("RESULT", n, len(skipped), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss << 10)
+"""
+
+
+def _big_png(path: pathlib.Path, side: int) -> None:
+    """A valid side x side RGB PNG (a gradient), written a row at a time."""
+    import struct
+    import zlib
+
+    from dali_loader.testing.pngs import chunk
+
+    z = zlib.compressobj(1)
+    row = np.zeros(1 + 3 * side, np.uint8)
+    x = (np.arange(side) % 256).astype(np.uint8)
+    idat = []
+    for y in range(side):
+        row[1::3], row[2::3], row[3::3] = x, y % 256, x + np.uint8(y % 256)
+        idat.append(z.compress(row.tobytes()))
+    idat.append(z.flush())
+    ihdr = struct.pack(">IIBBBBB", side, side, 8, 2, 0, 0, 0)
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", b"".join(idat))
+                     + chunk(b"IEND", b""))
+
+
+@pytest.mark.slow
+def test_big_image_peak_memory_close_to_keras(tmp_path):
+    """One valid 20000x20000 PNG among 12 small ones, under an 8 GiB address-space
+    limit that Keras passes: every path delivers every image (the big one is no
+    epoch killer and no skip), and the GPU-ready cache (filled, then read) peaks
+    within 1.5x of Keras's memory."""
+    from dali_loader.testing.pngs import encode_png, photo
+
+    rng = np.random.default_rng(0)
+    (tmp_path / "data" / "a").mkdir(parents=True)
+    for i in range(12):
+        (tmp_path / "data" / "a" / f"s{i:02d}.png").write_bytes(encode_png(photo(rng, 40, 50)))
+    _big_png(tmp_path / "data" / "a" / "big.png", 20000)
+    peak = {}
+    for path in ("keras", "ready", "dali", "ready_dali"):
+        r = subprocess.run([sys.executable, "-c", _PEAK, str(tmp_path / "data"), path,
+                            str(tmp_path / f"cache_{path}")], capture_output=True, text=True,
+                           timeout=600, env=dict(os.environ, PYTHONPATH=str(REPO),
+                                                 TF_CPP_MIN_LOG_LEVEL="3"))
+        assert r.returncode == 0, (path, r.stderr[-3000:])
+        line = next(ln for ln in r.stdout.splitlines() if ln.startswith("RESULT"))
+        counts, skipped, rss = line.split(" ", 1)[1].rsplit(" ", 2)
+        peak[path] = int(rss)
+        assert counts.strip("[]").split(", ") == ["13"] * (2 if "ready" in path else 1), path
+        assert skipped == "0", (path, r.stderr[-3000:])
+    print({p: f"{v / 2**30:.2f} GiB" for p, v in peak.items()})
+    assert peak["ready"] <= 1.5 * peak["keras"], peak

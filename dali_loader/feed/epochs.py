@@ -249,7 +249,7 @@ class FeedEpoch:
     def _read_inline(read, path: str) -> Any:
         try:
             return read(path)
-        except BadFileError as e:
+        except (BadFileError, MemoryError) as e:  # one file's: the policy decides
             return e
 
     def next_chunk(self, size: int | None = None) -> Chunk | None:
