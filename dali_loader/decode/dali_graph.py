@@ -290,7 +290,7 @@ def dali_reason(text: str) -> str:
     if "encountered:" in lines:  # the reason follows the operator's traceback
         lines = lines[len(lines) - lines[::-1].index("encountered:"):]
     lines = [ln for ln in lines if ln and ln not in _DALI_NOISE]
-    reason = " ".join(lines)[:300] or text.strip()[:300]
+    reason = " ".join(lines).rstrip(" :")[:300] or text.strip()[:300]
     if reason == "std::bad_alloc":
         return "out of memory (std::bad_alloc)"
     return reason
