@@ -138,7 +138,8 @@ def walk_png(data: bytes) -> tuple[str | None, list[tuple[int, int]]]:
         problem = _next_chunk(data, pos, n)
         if isinstance(problem, str):
             if damaged and pos == n:  # the damaged chunk was what should have ended it
-                problem = f"CRC mismatch in the {data[damaged[-1][0] + 4:damaged[-1][0] + 8].decode('latin-1')!r} chunk"
+                at = damaged[-1][0]
+                problem = f"CRC mismatch in the {data[at + 4:at + 8].decode('latin-1')!r} chunk"
             return problem, damaged
         length, ctype, end, crc_ok = problem
         if not crc_ok:

@@ -195,7 +195,7 @@ class DiskCache:
                     raise PermissionError(errno.EACCES, "not writable", folder)
             return True
         except OSError as e:
-            if e.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
+            if e.errno not in (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT):
                 raise
             cause = e
         if os.path.isdir(self._objects):
