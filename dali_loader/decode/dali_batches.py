@@ -28,7 +28,13 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from dali_loader.decode.dali_graph import Input, build_pipeline, dali_reason, probe_decode
+from dali_loader.decode.dali_graph import (
+    Input,
+    build_pipeline,
+    dali_reason,
+    probe_decode,
+    raw_views,
+)
 from dali_loader.decode.png_batches import PngBatches
 from dali_loader.decode.spec import ImageSpec
 from dali_loader.errors import CorruptImageError
@@ -46,8 +52,9 @@ class _Slot:
     `decode` (a `png_batches.PngBatches`), each chunk is decoded here and only
     the files it kept are queued (a skipped file leaves no position behind)."""
 
-    def __init__(self, decode: PngBatches | None = None):
+    def __init__(self, decode: PngBatches | None = None, raw: bool = False):
         self.decode = decode
+        self.raw = raw  # raw GPU-ready entries: handed over as HWC views
         self.epoch: FeedEpoch | None = None
         self.batch_size = 1
         self.replay: collections.deque[Chunk] = collections.deque()
@@ -87,6 +94,8 @@ class _Slot:
                 raise StopIteration
             if self.decode is None:
                 self.in_flight.append(chunk)
+                if self.raw:
+                    return raw_views(chunk.items)
                 return [np.frombuffer(d, dtype=np.uint8) for d in chunk.items]
             chunk, pixels = self.decode(chunk, self.epoch)
             if chunk.positions:  # else every file was skipped: take the next chunk
@@ -173,7 +182,7 @@ class DaliBatches:
 
     # -- pipelines ---------------------------------------------------------
     def _build(self) -> tuple[object, _Slot]:
-        slot = _Slot(self.png)
+        slot = _Slot(self.png, raw=self.input is Input.READY_RAW)
         with self._lock:
             self.pipeline_builds += 1
         pipe = build_pipeline(slot, self.spec, self.batch_size, gpu=self.device == "gpu",

@@ -13,7 +13,7 @@ import enum
 import os
 from typing import Any
 
-from dali_loader.decode.ready_forms import RAW_HEADER
+from dali_loader.decode.ready_forms import RAW_HEADER, decode_raw
 from dali_loader.decode.spec import ImageSpec
 from dali_loader.lazy import import_dali
 
@@ -227,7 +227,8 @@ def build_pipeline(
 
     Args:
         source: An iterable of batches (lists of 1-D uint8 numpy arrays; for
-            `Input.PIXELS`, HWC uint8 arrays: CuPy with `gpu`, else numpy);
+            `Input.PIXELS`, HWC uint8 arrays: CuPy with `gpu`, else numpy; for
+            `Input.READY_RAW`, `raw_views` of the entries);
             raising StopIteration ends an epoch (`cycle="raise"`).
         spec: The output image spec.
         batch_size: The largest batch `source` yields.
@@ -245,12 +246,14 @@ def build_pipeline(
         if input is Input.PIXELS:  # decoded HWC pixels, on the device they were decoded on
             kw = dict(device="gpu" if gpu else "cpu", ndim=3, layout="HWC")
         elif input is Input.READY_RAW:
-            # Entries are held (`source` keeps each batch until its output is out):
-            # no copy of a large raw entry into DALI.
-            kw = dict(no_copy=True)
+            # HWC views of the entries' pixels (`raw_views`), held by `source` until
+            # their batch is out: neither copied into DALI nor sliced there.
+            kw = dict(ndim=3, layout="HWC", no_copy=True)
         enc = dali.fn.external_source(
             source=source, batch=True, dtype=dali.types.UINT8, cycle="raise", name="encoded", **kw
         )
+        if input is Input.READY_RAW:
+            return image_graph(dali, enc.gpu() if gpu else enc, spec, gpu, Input.PIXELS)
         return image_graph(dali, enc, spec, gpu, input)
 
     pipe = make_pipeline(graph, spec, batch_size, gpu=gpu, device_id=device_id,
@@ -296,11 +299,17 @@ def dali_reason(text: str) -> str:
     return reason
 
 
+def raw_views(entries) -> list:
+    """HWC numpy views of the pixels of raw entries (`ReadyForm.RAW`; no copy):
+    what a pipeline built for `Input.READY_RAW` takes."""
+    return [decode_raw(e) for e in entries]
+
+
 def probe_decode(data, spec: ImageSpec, input: Input = Input.FILES) -> str | None:
     """Decodes one image alone on the CPU; returns DALI's error text, or None."""
     import numpy as np
 
-    arr = np.frombuffer(data, dtype=np.uint8)
+    arr = raw_views([data])[0] if input is Input.READY_RAW else np.frombuffer(data, np.uint8)
 
     class _One:
         def __iter__(self):
