@@ -33,13 +33,13 @@ SIZE = (16, 16)
 
 @pytest.fixture(scope="module")
 def mutants(pngsuite, tmp_path_factory) -> pathlib.Path:
-    """96 seeded mutants of PngSuite's basic and tRNS files (every mutation kind),
+    """160 seeded mutants of PngSuite's basic and tRNS files (every mutation kind),
     and one PNG whose header claims 2**37 pixels."""
     root = tmp_path_factory.mktemp("mutants")
     (root / "a").mkdir()
     sources = [p.read_bytes() for p in sorted(pngsuite.glob("bas*.png"))]
     sources += [p.read_bytes() for p in sorted(pngsuite.glob("tbb*.png"))]
-    for name, data in corpus(sources, 96, seed=0):
+    for name, data in corpus(sources, 160, seed=0):
         (root / "a" / name).write_bytes(data)
     (root / "a" / "zz_bomb.png").write_bytes(huge_header_png(1 << 20, 1 << 17))
     return root
@@ -68,7 +68,7 @@ def test_mutated_pngs_cost_only_themselves(mutants, path, mode):
     other file is recorded with what is wrong with it (never a pipeline's
     boilerplate), and the epoch goes on."""
     ref = _tf_reference(mutants, CHANNELS[mode])
-    assert 10 < len(ref) < 96
+    assert 20 < len(ref) < 160
     ds = ours(str(mutants), color_mode=mode, image_size=SIZE, shuffle=False, batch_size=8,
               on_error="skip", **PATHS[path])
     images = _epoch(ds)
@@ -86,6 +86,31 @@ def test_mutated_pngs_cost_only_themselves(mutants, path, mode):
         assert np.abs(images - want).mean(axis=(1, 2, 3)).max() < 1.0
     assert {n.split("_", 1)[1][:-4] for n in map(os.path.basename, skipped)} >= set(
         MUTATIONS) - {"trailing"}
+
+
+@pytest.fixture(scope="module")
+def many_mutants(pngsuite, tmp_path_factory) -> pathlib.Path:
+    """300 seeded mutants of every valid PngSuite file (every chunk kind)."""
+    root = tmp_path_factory.mktemp("many")
+    (root / "a").mkdir()
+    sources = [p.read_bytes() for p in sorted(pngsuite.glob("*.png"))
+               if not p.name.startswith("x")]
+    for name, data in corpus(sources, 300, seed=0):
+        (root / "a" / name).write_bytes(data)
+    return root
+
+
+@pytest.mark.parametrize("mode", ["rgb", "rgba"])
+def test_dali_path_delivers_what_tf_decodes_on_many_mutants(many_mutants, mode):
+    """The DALI path follows libpng where DALI's decoder or Pillow (the rgba
+    conversions) would be laxer: chunk types that are not letters, image data
+    that ends before the last row or before its stream's end, bad row filters."""
+    ref = _tf_reference(many_mutants, CHANNELS[mode])
+    ds = ours(str(many_mutants), color_mode=mode, image_size=SIZE, shuffle=False,
+              batch_size=16, on_error="skip", decoder="dali")
+    assert len(_epoch(ds)) == len(ref)
+    skipped = ds._dali_loader.skipped
+    assert [p for p in ds.file_paths if p not in skipped] == list(ref)
 
 
 @pytest.fixture()

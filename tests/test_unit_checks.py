@@ -332,3 +332,20 @@ def test_max_pixels_refuses_a_huge_header_naming_the_file():
     assert prepare(huge_header_png(), "x.png", max_pixels=None)
     with pytest.raises(ValueError, match="Received: max_pixels=0"):
         check_max_pixels(0)
+
+
+def test_png_chunk_type_letters_and_image_data_like_libpng():
+    """libpng refuses a chunk type that is not four letters, image data that ends
+    before the last row, and a row filter over 4 (Pillow lets the last two through)."""
+    from dali_loader.feed.checks import png_data_problem
+
+    assert check_png(png(ihdr(), chunk(b"gA\xe6A", b"1234"), idat(), IEND)) == (
+        "invalid chunk type b'gA\\xe6A'")
+    assert png_data_problem(GOOD) is None
+    short = chunk(b"IDAT", zlib.compress(b"\x00" + bytes(9)))
+    assert png_data_problem(png(ihdr(), short, IEND)) == "not enough image data"
+    bad_filter = chunk(b"IDAT", zlib.compress(b"\x07" + bytes(9) + b"\x00" + bytes(9)))
+    assert png_data_problem(png(ihdr(), bad_filter, IEND)) == "bad adaptive filter value"
+    cut = chunk(b"IDAT", zlib.compress(b"\x00" + bytes(9) * 2 + b"\x00" * 50)[:-8])
+    assert png_data_problem(png(ihdr(), cut, IEND)) in ("the image data stream ends early",
+                                                        "not enough image data")

@@ -186,6 +186,8 @@ def _next_chunk(data: bytes, pos: int, n: int):
     end = pos + 12 + length
     if length > 0x7FFFFFFF or end > n:
         return f"truncated inside the {ctype!r} chunk"
+    if not ctype.isalpha():  # libpng: "invalid chunk type"
+        return f"invalid chunk type {ctype!r}"
     crc = struct.unpack(">I", data[end - 4 : end])[0]
     return length, ctype, end, zlib.crc32(data[pos + 4 : end - 4]) == crc
 
@@ -307,6 +309,64 @@ def decode_rgba_like_tf(data: bytes):
     return np.ascontiguousarray(out, dtype=np.uint8)
 
 
+_CHANNELS = {0: 1, 2: 3, 3: 1, 4: 2, 6: 4}
+_ADAM7 = ((0, 0, 8, 8), (4, 0, 8, 8), (0, 4, 4, 8), (2, 0, 4, 4), (0, 2, 2, 4), (1, 0, 2, 2),
+          (0, 1, 1, 2))
+
+
+def _scanlines(w: int, h: int, bits: int, interlaced: bool) -> list[tuple[int, int]]:
+    """(rows, bytes per row with its filter byte) of each pass of an image."""
+    def rowbytes(width: int) -> int:
+        return 1 + (width * bits + 7) // 8
+
+    if not interlaced:
+        return [(h, rowbytes(w))]
+    passes = []
+    for x0, y0, dx, dy in _ADAM7:
+        pw, ph = max(0, -(-(w - x0) // dx)), max(0, -(-(h - y0) // dy))
+        if pw and ph:
+            passes.append((ph, rowbytes(pw)))
+    return passes
+
+
+def png_data_problem(data: bytes) -> str | None:
+    """What libpng (TF's decoder) refuses in a sound-looking PNG's image data and
+    Pillow lets through: a stream that ends before the last row, or a row filter
+    type over 4. For PNGs decoded by Pillow (the rgba path's conversions)."""
+    w, h, depth, color, _, _, inter = struct.unpack(">IIBBBBB", data[16:29])
+    lines = _scanlines(w, h, depth * _CHANNELS[color], inter == 1)
+    need = sum(rows * size for rows, size in lines)
+    stream, pos = [], len(PNG_SIGNATURE)
+    while pos + 8 <= len(data):
+        length, ctype = struct.unpack(">I4s", data[pos:pos + 8])
+        if ctype == b"IDAT":
+            stream.append(data[pos + 8:pos + 8 + length])
+        elif ctype == b"IEND":
+            break
+        pos += 12 + length
+    inflate = zlib.decompressobj()
+    try:
+        raw = inflate.decompress(b"".join(stream), need)
+    except zlib.error as e:
+        return f"bad image data ({e})"
+    if len(raw) < need:
+        return "not enough image data"
+    try:  # after the last row libpng only warns on bad data, but wants the stream's end
+        while not inflate.eof and inflate.unconsumed_tail:
+            inflate.decompress(inflate.unconsumed_tail, 1 << 20)
+    except zlib.error:
+        pass
+    else:
+        if not inflate.eof:
+            return "the image data stream ends early"
+    at = 0
+    for rows, size in lines:
+        if max(raw[at:at + rows * size:size], default=0) > 4:
+            return "bad adaptive filter value"
+        at += rows * size
+    return None
+
+
 def to_rgba_png(data: bytes) -> bytes:
     """Re-encodes a PNG as an uncompressed 8-bit RGBA PNG of `decode_rgba_like_tf`."""
     from PIL import Image
@@ -355,6 +415,9 @@ def prepare(data: bytes, path: str, rgba: bool = False,
         raise CorruptImageError(path, problem)
     if kind == "png":
         if rgba and _png_needs_rgba_help(data):
+            problem = png_data_problem(data)  # what Pillow would let through
+            if problem:
+                raise CorruptImageError(path, problem)
             try:
                 return to_rgba_png(data)
             except Exception as e:  # noqa: BLE001 - Pillow's bomb error is no OSError
