@@ -82,7 +82,7 @@ def test_entries_hold_keras_pixels_exactly(suite, tmp_path, form, color_mode):
     else:
         from dali_loader.decode.tf_kernels import raw_pixels
 
-        got = [raw_pixels(tf.constant(e), tf).numpy() for e in entries]
+        got = [raw_pixels(tf.constant(bytes(e)), tf).numpy() for e in entries]
     for path, g, entry in zip(index.paths, got, entries):
         want = keras_pixels(path, channels)
         np.testing.assert_array_equal(g, want, err_msg=os.path.basename(path))

@@ -10,7 +10,14 @@ import numpy as np
 import pytest
 
 from dali_loader.errors import BadFileError, CorruptImageError
-from dali_loader.feed.checks import PNG_SIGNATURE, check_png, prepare, sniff
+from dali_loader.feed.checks import (
+    PNG_SIGNATURE,
+    check_max_pixels,
+    check_png,
+    image_size,
+    prepare,
+    sniff,
+)
 
 Image = pytest.importorskip("PIL.Image")
 
@@ -199,7 +206,22 @@ def test_check_png_bad_ihdr(hdr, reason):
 @pytest.mark.parametrize("color, depth", [(0, 1), (0, 16), (2, 16), (3, 1), (3, 8),
                                           (4, 8), (4, 16), (6, 8), (6, 16)])
 def test_check_png_valid_ihdr_combinations(color, depth):
-    assert check_png(png(ihdr(color=color, depth=depth, inter=1), idat(), IEND)) is None
+    plte = chunk(b"PLTE", bytes(3)) if color == 3 else b""
+    assert check_png(png(ihdr(color=color, depth=depth, inter=1), plte, idat(), IEND)) is None
+
+
+def test_check_png_follows_libpng_on_chunks():
+    """A palette image needs its PLTE (libpng refuses it); a damaged ancillary
+    chunk is dropped (libpng warns and decodes the rest); an unknown critical
+    chunk refuses the file."""
+    assert check_png(png(ihdr(color=3, depth=8), idat(), IEND)) == (
+        "a palette image without a PLTE chunk before its IDAT")
+    bad_gama = chunk(b"gAMA", struct.pack(">I", 45455), crc=1)
+    data = png(ihdr(), bad_gama, idat(), IEND)
+    assert check_png(data) is None
+    assert prepare(data, "x.png") == GOOD
+    assert check_png(png(ihdr(), chunk(b"ABCD", b""), idat(), IEND)) == (
+        "unknown critical chunk 'ABCD'")
 
 
 def test_check_png_first_chunk_must_be_ihdr_and_idat_required():
@@ -289,3 +311,41 @@ def test_prepare_rgba_expands_grey_and_palette_but_not_rgb():
     assert prepare(grey, "g.png") is grey  # without rgba: untouched
     rgb = encode(RGB, "PNG")
     assert prepare(rgb, "c.png", rgba=True) is rgb
+
+
+@pytest.mark.parametrize("fmt", ["PNG", "JPEG", "GIF", "BMP"])
+def test_image_size_from_the_header(fmt):
+    arr = np.zeros((7, 11, 3), np.uint8)
+    assert image_size(encode(arr, fmt)) == (11, 7)
+
+
+def test_max_pixels_refuses_a_huge_header_naming_the_file():
+    """A header claiming 2**37 pixels is refused before any decoder allocates
+    them; a real image passes; None lifts the limit."""
+    from dali_loader.testing.mutate import huge_header_png
+
+    with pytest.raises(CorruptImageError, match=r"bomb\.png.*1048576x131072.*over the limit"):
+        prepare(huge_header_png(1 << 20, 1 << 17), "bomb.png")
+    with pytest.raises(CorruptImageError, match="over the limit of 5"):
+        prepare(GOOD, "small.png", max_pixels=5)
+    assert prepare(GOOD, "x.png", max_pixels=6) == GOOD
+    assert prepare(huge_header_png(), "x.png", max_pixels=None)
+    with pytest.raises(ValueError, match="Received: max_pixels=0"):
+        check_max_pixels(0)
+
+
+def test_png_chunk_type_letters_and_image_data_like_libpng():
+    """libpng refuses a chunk type that is not four letters, image data that ends
+    before the last row, and a row filter over 4 (Pillow lets the last two through)."""
+    from dali_loader.feed.checks import png_data_problem
+
+    assert check_png(png(ihdr(), chunk(b"gA\xe6A", b"1234"), idat(), IEND)) == (
+        "invalid chunk type b'gA\\xe6A'")
+    assert png_data_problem(GOOD) is None
+    short = chunk(b"IDAT", zlib.compress(b"\x00" + bytes(9)))
+    assert png_data_problem(png(ihdr(), short, IEND)) == "not enough image data"
+    bad_filter = chunk(b"IDAT", zlib.compress(b"\x07" + bytes(9) + b"\x00" + bytes(9)))
+    assert png_data_problem(png(ihdr(), bad_filter, IEND)) == "bad adaptive filter value"
+    cut = chunk(b"IDAT", zlib.compress(b"\x00" + bytes(9) * 2 + b"\x00" * 50)[:-8])
+    assert png_data_problem(png(ihdr(), cut, IEND)) in ("the image data stream ends early",
+                                                        "not enough image data")

@@ -229,6 +229,23 @@ def test_unexpected_reader_error_is_reraised(feeds, io, on_error):
     epoch.close()
 
 
+class OutOfMemoryReader(FakeReader):
+    def __call__(self, path: str) -> Item:
+        if path == "f3":
+            raise MemoryError
+        return super().__call__(path)
+
+
+@pytest.mark.parametrize("io", [True, False])
+def test_memory_error_is_that_files_error(feeds, io):
+    """Running out of memory on one file (a huge image) is that file's error:
+    recorded under skip, never an epoch killer."""
+    feed = feeds(make_index(6), OutOfMemoryReader(io=io), on_error="skip")
+    got = [p for chunk in feed for p in chunk.positions]
+    assert got == [0, 1, 2, 4, 5]
+    assert feed.skipped == {"f3": "out of memory while reading or decoding it (see max_pixels)"}
+
+
 def test_argument_checks():
     reader = FakeReader()
     with pytest.raises(ValueError, match="Received: chunk_size=0"):

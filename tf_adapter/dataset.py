@@ -25,6 +25,7 @@ from dali_loader.decode.ready_forms import (
     resolve_gpu_ready,
 )
 from dali_loader.decode.spec import INTERPOLATIONS, ImageSpec, channels_for
+from dali_loader.feed.checks import DEFAULT_MAX_PIXELS, check_max_pixels
 from dali_loader.feed.policy import check_on_error
 from dali_loader.index import ALLOWLIST_FORMATS, split
 from dali_loader.lazy import import_tf
@@ -184,6 +185,7 @@ def image_dataset_from_directory(
     handoff=None,
     service=None,
     png_decoder=None,
+    max_pixels=DEFAULT_MAX_PIXELS,
 ):
     """Generates a `tf.data.Dataset` from image files in a directory.
 
@@ -232,7 +234,7 @@ def image_dataset_from_directory(
             `input_context`).
         png_decoder: Who decodes PNGs. None: Wuffs where it is installed
             (`make install` builds it; else libpng, said once), "wuffs": Wuffs,
-            about twice libpng's speed and exactly TF's pixels (the files it
+            faster than libpng (1.3x measured here) and exactly TF's pixels (the files it
             does not reproduce go to TF's decoder, counted in `epoch_stats`),
             on every path but the tf.data service (TF's graph); on the DALI
             path PNGs enter DALI as pixels, other files are decoded by DALI.
@@ -243,6 +245,9 @@ def image_dataset_from_directory(
             or decoder="dali" on the CPU, where its kernels run under
             numba-cuda's simulator), the generator handoff and no `gpu_ready`.
             docs/png_cpu.md, docs/png_gpu.md.
+        max_pixels: Refuse an image whose header claims more pixels than
+            this (2**30 by default: 32768x32768), as a bad file naming it,
+            before any decoder allocates it; None: no limit.
 
     Returns:
         A `tf.data.Dataset`, or a list of two for `subset="both"`, each with
@@ -256,6 +261,7 @@ def image_dataset_from_directory(
         labels = None
         label_mode = None
     _check_loader_args(on_error, num_threads, max_in_flight, cache_max_bytes)
+    check_max_pixels(max_pixels)
     address = check_service_options(service, device=device, decoder=decoder, handoff=handoff,
                                     gpu_ready=gpu_ready, input_context=input_context)
     shard = _shard_of(input_context)
@@ -343,7 +349,7 @@ def image_dataset_from_directory(
             seed=seed, device=device, decoder=decoder, num_threads=num_threads,
             on_error=on_error, max_in_flight=max_in_flight, shard=shard,
             device_id=shard[0] % max(1, dali_gpu_count()) if device == "gpu" else 0,
-            gpu_ready=gpu_ready, png_decoder=png_decoder,
+            gpu_ready=gpu_ready, png_decoder=png_decoder, max_pixels=max_pixels,
         )
         ds = to_tf_dataset(loader, spec, batch_size, label_mode,
                            len(class_names) if class_names else 0, num_threads=num_threads,

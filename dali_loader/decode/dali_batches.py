@@ -11,7 +11,11 @@ that epoch's prefetched batches) and stops its reads.
 A decode failure that slipped past the byte checks kills the pipeline; the
 epoch then decodes the batches DALI had taken one file at a time to name the
 culprit, and raises (`on_error="raise"`) or drops it, replays the rest into a
-new pipeline and carries on (`"skip"`).
+new pipeline and carries on (`"skip"`). When no file fails alone (a batch too
+big for memory together), the batches are replayed one file each, so the next
+failure names its file. Nothing raised while the feed is read (a bad file
+under `"raise"`, anything unexpected) passes through DALI's callback: the slot
+ends DALI's input and the epoch raises it.
 """
 
 from __future__ import annotations
@@ -24,10 +28,16 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from dali_loader.decode.dali_graph import Input, build_pipeline, probe_decode
+from dali_loader.decode.dali_graph import (
+    Input,
+    build_pipeline,
+    dali_reason,
+    probe_decode,
+    raw_views,
+)
 from dali_loader.decode.png_batches import PngBatches
 from dali_loader.decode.spec import ImageSpec
-from dali_loader.errors import BadFileError, CorruptImageError
+from dali_loader.errors import CorruptImageError
 from dali_loader.feed.epochs import Chunk, Feed, FeedEpoch
 
 logger = logging.getLogger(__name__)
@@ -42,23 +52,37 @@ class _Slot:
     `decode` (a `png_batches.PngBatches`), each chunk is decoded here and only
     the files it kept are queued (a skipped file leaves no position behind)."""
 
-    def __init__(self, decode: PngBatches | None = None):
+    def __init__(self, decode: PngBatches | None = None, raw: bool = False):
         self.decode = decode
+        self.raw = raw  # raw GPU-ready entries: handed over as HWC views
         self.epoch: FeedEpoch | None = None
         self.batch_size = 1
         self.replay: collections.deque[Chunk] = collections.deque()
         self.in_flight: collections.deque[Chunk] = collections.deque()
+        self.error: BaseException | None = None  # what the feed raised; DALI saw an end
 
     def start(self, epoch: FeedEpoch | None, batch_size: int = 1) -> None:
         self.epoch = epoch
         self.batch_size = batch_size
         self.replay.clear()
         self.in_flight.clear()
+        self.error = None
 
     def __iter__(self):
         return self
 
     def __next__(self) -> list:
+        if self.error is not None:
+            raise StopIteration
+        try:
+            return self._next()
+        except StopIteration:
+            raise
+        except BaseException as e:  # never through DALI's callback: the epoch raises it
+            self.error = e
+            raise StopIteration from None
+
+    def _next(self) -> list:
         while True:
             if self.replay:
                 chunk = self.replay.popleft()
@@ -70,6 +94,8 @@ class _Slot:
                 raise StopIteration
             if self.decode is None:
                 self.in_flight.append(chunk)
+                if self.raw:
+                    return raw_views(chunk.items)
                 return [np.frombuffer(d, dtype=np.uint8) for d in chunk.items]
             chunk, pixels = self.decode(chunk, self.epoch)
             if chunk.positions:  # else every file was skipped: take the next chunk
@@ -156,7 +182,7 @@ class DaliBatches:
 
     # -- pipelines ---------------------------------------------------------
     def _build(self) -> tuple[object, _Slot]:
-        slot = _Slot(self.png)
+        slot = _Slot(self.png, raw=self.input is Input.READY_RAW)
         with self._lock:
             self.pipeline_builds += 1
         pipe = build_pipeline(slot, self.spec, self.batch_size, gpu=self.device == "gpu",
@@ -198,9 +224,9 @@ class DaliBatches:
                 try:
                     (out,) = pipe.run()
                 except StopIteration:
+                    if slot.error is not None:
+                        raise slot.error from None
                     break
-                except BadFileError:
-                    raise
                 except Exception as err:  # DALI's pipeline died on some file
                     if self.input is Input.PIXELS:
                         raise  # DALI decoded nothing: no file to blame
@@ -236,14 +262,22 @@ class DaliBatches:
                     culprits[pos] = problem
             if culprits:
                 break
+        taken = slot.in_flight[0] if slot.in_flight else None
         slot.start(None)
-        if not culprits:
-            raise RuntimeError(
-                f"The DALI pipeline failed and no single file reproduces it: {err}"
-            ) from err
+        if not culprits and taken is not None and len(taken.positions) == 1:
+            # A batch of one file failed, alone: that file, with DALI's reason.
+            culprits[taken.positions[0]] = dali_reason(str(err))
+        if not culprits and not suspects:  # no file was in it: nothing to blame or skip
+            raise RuntimeError(f"The DALI pipeline failed with no file in it: {err}") from err
         paths = self.feed.index.paths
         for pos, problem in culprits.items():
             epoch.errors(CorruptImageError(paths[pos], f"the decoder failed ({problem})"))
+        if not culprits:  # together too much (memory): one file per batch from here
+            logger.info("The DALI pipeline failed and no single file reproduces it (%s); "
+                        "replaying %d batches one file each.", dali_reason(str(err)),
+                        len(suspects))
+            suspects = [Chunk([item], [pos]) for c in suspects
+                        for item, pos in zip(c.items, c.positions)]
         pipe, new_slot = self._build()
         new_slot.start(epoch, self.batch_size)
         for chunk in suspects:

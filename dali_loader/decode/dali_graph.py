@@ -13,7 +13,7 @@ import enum
 import os
 from typing import Any
 
-from dali_loader.decode.ready_forms import RAW_HEADER, RAW_MAGIC
+from dali_loader.decode.ready_forms import RAW_HEADER, RAW_MAGIC, decode_raw
 from dali_loader.decode.spec import ImageSpec
 from dali_loader.lazy import import_dali
 
@@ -260,7 +260,8 @@ def build_pipeline(
 
     Args:
         source: An iterable of batches (lists of 1-D uint8 numpy arrays; for
-            `Input.PIXELS`, HWC uint8 arrays: CuPy with `gpu`, else numpy);
+            `Input.PIXELS`, HWC uint8 arrays: CuPy with `gpu`, else numpy; for
+            `Input.READY_RAW`, `raw_views` of the entries);
             raising StopIteration ends an epoch (`cycle="raise"`).
         spec: The output image spec.
         batch_size: The largest batch `source` yields.
@@ -277,9 +278,15 @@ def build_pipeline(
         kw = {}
         if input is Input.PIXELS:  # decoded HWC pixels, on the device they were decoded on
             kw = dict(device="gpu" if gpu else "cpu", ndim=3, layout="HWC")
+        elif input is Input.READY_RAW:
+            # HWC views of the entries' pixels (`raw_views`), held by `source` until
+            # their batch is out: neither copied into DALI nor sliced there.
+            kw = dict(ndim=3, layout="HWC", no_copy=True)
         enc = dali.fn.external_source(
             source=source, batch=True, dtype=dali.types.UINT8, cycle="raise", name="encoded", **kw
         )
+        if input is Input.READY_RAW:
+            return image_graph(dali, enc.gpu() if gpu else enc, spec, gpu, Input.PIXELS)
         return image_graph(dali, enc, spec, gpu, input)
 
     pipe = make_pipeline(graph, spec, batch_size, gpu=gpu, device_id=device_id,
@@ -309,11 +316,34 @@ def make_pipeline(graph, spec: ImageSpec, batch_size: int, *, gpu: bool, device_
     )()
 
 
+_DALI_NOISE = ("Current pipeline object is no longer valid.", "Critical error in pipeline:",
+               "encountered:")
+
+
+def dali_reason(text: str) -> str:
+    """What DALI's error text says went wrong, without its pipeline boilerplate
+    (a `std::bad_alloc` reads "out of memory")."""
+    lines = [ln.strip() for ln in text.strip().splitlines()]
+    if "encountered:" in lines:  # the reason follows the operator's traceback
+        lines = lines[len(lines) - lines[::-1].index("encountered:"):]
+    lines = [ln for ln in lines if ln and ln not in _DALI_NOISE]
+    reason = " ".join(lines).rstrip(" :")[:300] or text.strip()[:300]
+    if reason == "std::bad_alloc":
+        return "out of memory (std::bad_alloc)"
+    return reason
+
+
+def raw_views(entries) -> list:
+    """HWC numpy views of the pixels of raw entries (`ReadyForm.RAW`; no copy):
+    what a pipeline built for `Input.READY_RAW` takes."""
+    return [decode_raw(e) for e in entries]
+
+
 def probe_decode(data, spec: ImageSpec, input: Input = Input.FILES) -> str | None:
     """Decodes one image alone on the CPU; returns DALI's error text, or None."""
     import numpy as np
 
-    arr = np.frombuffer(data, dtype=np.uint8)
+    arr = raw_views([data])[0] if input is Input.READY_RAW else np.frombuffer(data, np.uint8)
 
     class _One:
         def __iter__(self):
@@ -333,7 +363,7 @@ def probe_decode(data, spec: ImageSpec, input: Input = Input.FILES) -> str | Non
     except StopIteration:
         return None
     except Exception as e:  # DALI raises RuntimeError/IndexError subclasses
-        return str(e).strip().splitlines()[-1][:300]
+        return dali_reason(str(e))
     finally:
         try:
             del pipe

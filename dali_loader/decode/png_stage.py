@@ -29,7 +29,8 @@ import numpy as np
 from dali_loader.decode import png_cpu
 from dali_loader.decode.ready_forms import encode_raw
 from dali_loader.decode.tf_kernels import pixels_like_keras
-from dali_loader.feed.checks import prepare, sniff
+from dali_loader.errors import CorruptImageError
+from dali_loader.feed.checks import DEFAULT_MAX_PIXELS, prepare, size_problem, sniff
 from dali_loader.feed.items import read_bytes
 from dali_loader.lazy import import_tf
 
@@ -89,13 +90,16 @@ class KerasPixels:
     Args:
         channels: 1, 3 or 4 (Keras's colour mode).
         num_threads: Decodes at once (the CPU work; reads in flight are not limited).
+        max_pixels: Refuse images whose header claims more pixels (None: no limit).
 
     Counts `png_fast` (PNGs Wuffs decoded) and `png_fallbacks` (PNGs left to
     TF's libpng) into a `tally`, and in `counts` since creation.
     """
 
-    def __init__(self, channels: int, num_threads: int):
+    def __init__(self, channels: int, num_threads: int,
+                 max_pixels: int | None = DEFAULT_MAX_PIXELS):
         self.channels = channels
+        self.max_pixels = max_pixels
         self._slots = threading.BoundedSemaphore(num_threads)
         self._lock = threading.Lock()
         self.counts = {"png_fast": 0, "png_fallbacks": 0}
@@ -107,6 +111,9 @@ class KerasPixels:
             tally.add(what)
 
     def __call__(self, data: bytes, path: str, tally=None) -> np.ndarray:
+        problem = size_problem(data, self.max_pixels)
+        if problem:
+            raise CorruptImageError(path, problem)
         with self._slots:
             png = data[:8] == png_cpu.SIGNATURE
             if png:
@@ -145,7 +152,8 @@ class RawOrCheckedItems(PixelItems):
         data = read_bytes(self.source, path)
         if data[:8] == png_cpu.SIGNATURE:
             return encode_raw(self.pixels(data, path, tally))
-        data = prepare(data, path, rgba=self.pixels.channels == 4)
+        data = prepare(data, path, rgba=self.pixels.channels == 4,
+                       max_pixels=self.pixels.max_pixels)
         if tally is not None and sniff(data) == "jpeg":
             tally.add("jpeg")
         return data

@@ -109,6 +109,28 @@ def encode(pixels: np.ndarray, form: ReadyForm) -> bytes:
     return encode_tiff(pixels) if form is ReadyForm.TIFF else encode_raw(pixels)
 
 
+def encode_parts(pixels: np.ndarray, form: ReadyForm) -> list:
+    """`encode(pixels, form)` as buffers to write one after the other: a raw
+    entry's header and the pixels themselves (no copy of a large image)."""
+    if form is ReadyForm.TIFF:
+        return [encode_tiff(pixels)]
+    pixels = _as_hwc(pixels)
+    return [RAW_MAGIC + struct.pack("<III", *pixels.shape), pixels]
+
+
+def join_parts(parts: list) -> bytes | bytearray:
+    """The entry `encode_parts` split, in one buffer (one copy)."""
+    if len(parts) == 1:
+        return parts[0]
+    out = bytearray(sum(memoryview(p).nbytes for p in parts))
+    at = 0
+    for part in parts:
+        view = memoryview(part).cast("B")
+        out[at:at + len(view)] = view
+        at += len(view)
+    return out
+
+
 def decode(data: bytes, form: ReadyForm) -> np.ndarray:
     """HxWxC uint8 pixels of an entry in `form` (numpy; for checks and tests)."""
     return decode_tiff(data) if form is ReadyForm.TIFF else decode_raw(data)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
+
 from dali_loader.decode.ready_forms import RAW_HEADER
 from dali_loader.errors import CorruptImageError
 
@@ -71,7 +73,7 @@ def pixels_like_keras(data: bytes, path: str, channels: int, tf):
         detail = str(getattr(e, "message", e)).strip().splitlines()[0]
         detail = re.sub(r"\{\{.*?\}\}\s*|\s*\[Op:\w+\]", "", detail)[:200]
         raise CorruptImageError(path, f"TensorFlow's decoder failed on it ({detail})") from None
-    return img.numpy()
+    return np.asarray(img)  # a read-only view: `.numpy()` would copy the pixels
 
 
 def resize_like_keras(img, spec, tf):
@@ -98,11 +100,11 @@ def resize_like_keras(img, spec, tf):
     return img
 
 
-def resize_ready_batch(flat, shapes, spec, tf):
+def resize_ready_batch(flat, shapes, offsets, spec, tf):
     """A batch of raw pixels resized like Keras: `flat` (1-D uint8) holds each
-    image's HxWxC pixels in turn, `shapes` (Nx3 int32) their shapes. Same-size
-    images (the common case) are resized as one BxHxWxC tensor; otherwise
-    image by image. Nothing is decoded."""
+    image's HxWxC pixels from its `offsets` entry on (N int64), `shapes` (Nx3
+    int32) their shapes. Same-size images (the common case), back to back, are
+    resized as one BxHxWxC tensor; otherwise image by image. Nothing is decoded."""
     n = tf.shape(shapes)[0]
     dtype = tf.uint8 if spec.output_uint8 else tf.float32
 
@@ -112,8 +114,8 @@ def resize_ready_batch(flat, shapes, spec, tf):
         return tf.cast(resize_like_keras(img, spec, tf), dtype)
 
     def ragged():
-        ends = tf.cumsum(tf.reduce_prod(tf.cast(shapes, tf.int64), axis=1))
-        starts = ends - tf.reduce_prod(tf.cast(shapes, tf.int64), axis=1)
+        starts = offsets
+        ends = offsets + tf.reduce_prod(tf.cast(shapes, tf.int64), axis=1)
 
         def one(i):
             img = tf.reshape(flat[starts[i]:ends[i]], shapes[i])

@@ -3,7 +3,10 @@
 One corrupt image kills a whole DALI pipeline, so the read stage looks at each
 file first: a content sniff (like `tf.io.decode_image`, the extension does not
 matter), and for PNG a walk over every chunk with its CRC. This catches empty,
-truncated, non-image and bit-flipped files at the cost of a crc32 pass. GIFs,
+truncated, non-image and bit-flipped files at the cost of a crc32 pass, and,
+from the header alone, images over a pixel limit (`max_pixels`) before any
+decoder allocates them. Damaged ancillary PNG chunks are dropped, as libpng
+(TF's decoder) drops them; a damaged critical chunk refuses the file. GIFs,
 which DALI cannot decode, are converted to an uncompressed PNG of their first
 frame (what `tf.io.decode_image(..., expand_animations=False)` returns).
 """
@@ -18,6 +21,93 @@ from dali_loader.errors import CorruptImageError
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 _PNG_DEPTHS = {0: {1, 2, 4, 8, 16}, 2: {8, 16}, 3: {1, 2, 4, 8}, 4: {8, 16}, 6: {8, 16}}
+_PNG_CRITICAL = (b"IHDR", b"PLTE", b"IDAT", b"IEND")
+
+# The default pixel limit: 2**30 pixels (32768 x 32768; 4 GiB decoded as RGBA).
+# Keras decodes whatever fits in memory, so the default sits well above real
+# images (a 20000 x 20000 photo is 0.4 * 2**30) and about 6x Pillow's bomb
+# limit (178956970), yet refuses a header that claims billions of pixels
+# before a decoder tries to allocate them.
+DEFAULT_MAX_PIXELS = 1 << 30
+HEAD_BYTES = 4096  # enough for the size of a PNG, GIF or BMP, and most JPEGs
+
+
+def check_max_pixels(max_pixels: int | None) -> int | None:
+    """Validates a `max_pixels` value: a positive int, or None (no limit)."""
+    if max_pixels is not None and (isinstance(max_pixels, bool) or not isinstance(
+            max_pixels, int) or max_pixels <= 0):
+        raise ValueError("`max_pixels` must be a positive integer or None. "
+                         f"Received: max_pixels={max_pixels!r}")
+    return max_pixels
+
+
+def _jpeg_size(data: bytes) -> tuple[int, int] | None:
+    """(width, height) from a JPEG's first SOF segment, or None if not in `data`."""
+    pos, n = 2, len(data)
+    while pos + 4 <= n:
+        if data[pos] != 0xFF:
+            return None
+        marker = data[pos + 1]
+        if marker == 0xFF:  # fill byte
+            pos += 1
+            continue
+        if marker in (0xD8, 0x01) or 0xD0 <= marker <= 0xD7:  # no length
+            pos += 2
+            continue
+        (length,) = struct.unpack(">H", data[pos + 2:pos + 4])
+        if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
+            if pos + 9 > n:
+                return None
+            h, w = struct.unpack(">HH", data[pos + 5:pos + 9])
+            return w, h
+        if marker == 0xDA:  # scan data before any frame header
+            return None
+        pos += 2 + length
+    return None
+
+
+def image_size(data: bytes) -> tuple[int, int] | None:
+    """(width, height) claimed by the header of a PNG, JPEG, GIF or BMP, or None
+    when `data` (the file, or its first bytes) does not say."""
+    kind = sniff(data)
+    if kind == "png" and len(data) >= 24 and data[12:16] == b"IHDR":
+        return struct.unpack(">II", data[16:24])
+    if kind == "gif" and len(data) >= 10:
+        return struct.unpack("<HH", data[6:10])
+    if kind == "bmp" and len(data) >= 26:
+        (header,) = struct.unpack("<I", data[14:18])
+        if header == 12:  # OS/2 BITMAPCOREHEADER
+            return struct.unpack("<HH", data[18:22])
+        w, h = struct.unpack("<ii", data[18:26])
+        return abs(w), abs(h)
+    if kind == "jpeg":
+        return _jpeg_size(data)
+    return None
+
+
+def size_problem(data: bytes, max_pixels: int | None) -> str | None:
+    """Why the header's image size is refused (over `max_pixels`), or None."""
+    if max_pixels is None:
+        return None
+    size = image_size(data)
+    if size is None or size[0] * size[1] <= max_pixels:
+        return None
+    w, h = size
+    return (f"its header claims {w}x{h} = {w * h} pixels, over the limit of {max_pixels} "
+            "(max_pixels=; pass a larger max_pixels to load it)")
+
+
+def peek_size_problem(path: str, max_pixels: int | None, offset: int = 0) -> str | None:
+    """`size_problem` of a local file (its image from `offset` on), from its first
+    bytes (the whole file only for a JPEG whose frame header lies further in)."""
+    if max_pixels is None:
+        return None
+    with open(path, "rb") as f:
+        f.seek(offset)
+        head = f.read(HEAD_BYTES)
+        if sniff(head) == "jpeg" and _jpeg_size(head) is None and len(head) == HEAD_BYTES:
+            head += f.read()
+    return size_problem(head, max_pixels)
 
 
 def sniff(data: bytes) -> str | None:
@@ -35,38 +125,81 @@ def sniff(data: bytes) -> str | None:
 
 def check_png(data: bytes) -> str | None:
     """Walks the PNG chunks; returns what is wrong, or None if it looks sound."""
+    return walk_png(data)[0]
+
+
+def walk_png(data: bytes) -> tuple[str | None, list[tuple[int, int]]]:
+    """Walks the PNG chunks: (what is wrong or None, the byte ranges of ancillary
+    chunks whose CRC is wrong, which libpng drops with a warning)."""
     pos, seen_idat, n = len(PNG_SIGNATURE), False, len(data)
-    first = True
+    first, color, seen_plte = True, None, False
+    damaged: list[tuple[int, int]] = []
     while True:
-        if pos + 8 > n:
-            return "truncated (no IEND chunk)"
-        length, ctype = struct.unpack(">I4s", data[pos : pos + 8])
-        end = pos + 12 + length
-        if length > 0x7FFFFFFF or end > n:
-            return f"truncated inside the {ctype!r} chunk"
-        crc = struct.unpack(">I", data[end - 4 : end])[0]
-        if zlib.crc32(data[pos + 4 : end - 4]) != crc:
-            return f"CRC mismatch in the {ctype.decode('latin-1')!r} chunk"
+        problem = _next_chunk(data, pos, n)
+        if isinstance(problem, str):
+            if damaged and pos == n:  # the damaged chunk was what should have ended it
+                at = damaged[-1][0]
+                problem = f"CRC mismatch in the {data[at + 4:at + 8].decode('latin-1')!r} chunk"
+            return problem, damaged
+        length, ctype, end, crc_ok = problem
+        if not crc_ok:
+            if first or ctype[0] & 0x20 == 0:  # critical: libpng refuses the file
+                return f"CRC mismatch in the {ctype.decode('latin-1')!r} chunk", damaged
+            damaged.append((pos, end))
+            pos = end
+            continue
         if first:
             if ctype != b"IHDR" or length != 13:
-                return "the first chunk is not IHDR"
+                return "the first chunk is not IHDR", damaged
             w, h, depth, color, comp, filt, inter = struct.unpack(
                 ">IIBBBBB", data[pos + 8 : pos + 21]
             )
             if w == 0 or h == 0:
-                return f"zero image size {w}x{h}"
+                return f"zero image size {w}x{h}", damaged
+            if w > 0x7FFFFFFF or h > 0x7FFFFFFF:
+                return f"invalid image size {w}x{h}", damaged
             if color not in _PNG_DEPTHS:
-                return f"invalid colour type {color}"
+                return f"invalid colour type {color}", damaged
             if depth not in _PNG_DEPTHS[color]:
-                return f"invalid bit depth {depth} for colour type {color}"
+                return f"invalid bit depth {depth} for colour type {color}", damaged
             if comp or filt or inter > 1:
-                return "invalid compression, filter or interlace method"
+                return "invalid compression, filter or interlace method", damaged
             first = False
+        elif ctype == b"PLTE":
+            seen_plte = True
         elif ctype == b"IDAT":
+            if color == 3 and not seen_plte:
+                return "a palette image without a PLTE chunk before its IDAT", damaged
             seen_idat = True
         elif ctype == b"IEND":
-            return None if seen_idat else "no IDAT chunk"
+            return (None if seen_idat else "no IDAT chunk"), damaged
+        elif ctype[0] & 0x20 == 0 and ctype not in _PNG_CRITICAL:
+            return f"unknown critical chunk {ctype.decode('latin-1')!r}", damaged
         pos = end
+
+
+def _next_chunk(data: bytes, pos: int, n: int):
+    """(length, type, end, CRC ok) of the chunk at `pos`, or what is wrong."""
+    if pos + 8 > n:
+        return "truncated (no IEND chunk)"
+    length, ctype = struct.unpack(">I4s", data[pos : pos + 8])
+    end = pos + 12 + length
+    if length > 0x7FFFFFFF or end > n:
+        return f"truncated inside the {ctype!r} chunk"
+    if not ctype.isalpha():  # libpng: "invalid chunk type"
+        return f"invalid chunk type {ctype!r}"
+    crc = struct.unpack(">I", data[end - 4 : end])[0]
+    return length, ctype, end, zlib.crc32(data[pos + 4 : end - 4]) == crc
+
+
+def _drop(data: bytes, ranges: list[tuple[int, int]]) -> bytes:
+    """`data` without the byte `ranges` (sorted, disjoint)."""
+    out, at = [], 0
+    for start, end in ranges:
+        out.append(data[at:start])
+        at = end
+    out.append(data[at:])
+    return b"".join(out)
 
 
 def gif_to_png(data: bytes) -> bytes:
@@ -176,6 +309,64 @@ def decode_rgba_like_tf(data: bytes):
     return np.ascontiguousarray(out, dtype=np.uint8)
 
 
+_CHANNELS = {0: 1, 2: 3, 3: 1, 4: 2, 6: 4}
+_ADAM7 = ((0, 0, 8, 8), (4, 0, 8, 8), (0, 4, 4, 8), (2, 0, 4, 4), (0, 2, 2, 4), (1, 0, 2, 2),
+          (0, 1, 1, 2))
+
+
+def _scanlines(w: int, h: int, bits: int, interlaced: bool) -> list[tuple[int, int]]:
+    """(rows, bytes per row with its filter byte) of each pass of an image."""
+    def rowbytes(width: int) -> int:
+        return 1 + (width * bits + 7) // 8
+
+    if not interlaced:
+        return [(h, rowbytes(w))]
+    passes = []
+    for x0, y0, dx, dy in _ADAM7:
+        pw, ph = max(0, -(-(w - x0) // dx)), max(0, -(-(h - y0) // dy))
+        if pw and ph:
+            passes.append((ph, rowbytes(pw)))
+    return passes
+
+
+def png_data_problem(data: bytes) -> str | None:
+    """What libpng (TF's decoder) refuses in a sound-looking PNG's image data and
+    Pillow lets through: a stream that ends before the last row, or a row filter
+    type over 4. For PNGs decoded by Pillow (the rgba path's conversions)."""
+    w, h, depth, color, _, _, inter = struct.unpack(">IIBBBBB", data[16:29])
+    lines = _scanlines(w, h, depth * _CHANNELS[color], inter == 1)
+    need = sum(rows * size for rows, size in lines)
+    stream, pos = [], len(PNG_SIGNATURE)
+    while pos + 8 <= len(data):
+        length, ctype = struct.unpack(">I4s", data[pos:pos + 8])
+        if ctype == b"IDAT":
+            stream.append(data[pos + 8:pos + 8 + length])
+        elif ctype == b"IEND":
+            break
+        pos += 12 + length
+    inflate = zlib.decompressobj()
+    try:
+        raw = inflate.decompress(b"".join(stream), need)
+    except zlib.error as e:
+        return f"bad image data ({e})"
+    if len(raw) < need:
+        return "not enough image data"
+    try:  # after the last row libpng only warns on bad data, but wants the stream's end
+        while not inflate.eof and inflate.unconsumed_tail:
+            inflate.decompress(inflate.unconsumed_tail, 1 << 20)
+    except zlib.error:
+        pass
+    else:
+        if not inflate.eof:
+            return "the image data stream ends early"
+    at = 0
+    for rows, size in lines:
+        if max(raw[at:at + rows * size:size], default=0) > 4:
+            return "bad adaptive filter value"
+        at += rows * size
+    return None
+
+
 def to_rgba_png(data: bytes) -> bytes:
     """Re-encodes a PNG as an uncompressed 8-bit RGBA PNG of `decode_rgba_like_tf`."""
     from PIL import Image
@@ -185,13 +376,23 @@ def to_rgba_png(data: bytes) -> bytes:
     return out.getvalue()
 
 
-def prepare(data: bytes, path: str, rgba: bool = False) -> bytes:
+def _conversion_error(path: str, what: str, e: BaseException) -> CorruptImageError:
+    """A Pillow conversion's failure (any: a bomb, a broken stream, no memory) as
+    the file's error."""
+    if isinstance(e, MemoryError):
+        return CorruptImageError(path, f"out of memory while converting the {what}")
+    return CorruptImageError(path, f"bad {what} ({type(e).__name__}: {e})")
+
+
+def prepare(data: bytes, path: str, rgba: bool = False,
+            max_pixels: int | None = DEFAULT_MAX_PIXELS) -> bytes:
     """Checks encoded bytes and returns what the decoder should get.
 
     Args:
         data: The file's bytes.
         path: The file's name, for error messages.
         rgba: The caller wants 4 channels (alpha expanded like libpng does).
+        max_pixels: Refuse images whose header claims more pixels (None: no limit).
 
     Raises:
         CorruptImageError: naming `path`, when the bytes are not a sound image.
@@ -204,19 +405,28 @@ def prepare(data: bytes, path: str, rgba: bool = False) -> bytes:
             path, "not a JPEG, PNG, GIF or BMP image (unknown file signature)"
         )
     if kind == "png":
-        problem = check_png(data)
+        problem, damaged = walk_png(data)
         if problem:
             raise CorruptImageError(path, problem)
+        if damaged:  # what libpng does: drop them, decode the rest
+            data = _drop(data, damaged)
+    problem = size_problem(data, max_pixels)
+    if problem:
+        raise CorruptImageError(path, problem)
+    if kind == "png":
         if rgba and _png_needs_rgba_help(data):
+            problem = png_data_problem(data)  # what Pillow would let through
+            if problem:
+                raise CorruptImageError(path, problem)
             try:
                 return to_rgba_png(data)
-            except (OSError, ValueError, SyntaxError) as e:
-                raise CorruptImageError(path, f"bad PNG ({e})") from None
+            except Exception as e:  # noqa: BLE001 - Pillow's bomb error is no OSError
+                raise _conversion_error(path, "PNG", e) from None
     elif kind == "jpeg" and len(data) < 128:
         raise CorruptImageError(path, "truncated JPEG")
     elif kind == "gif":
         try:
             return gif_to_png(data)
-        except (OSError, ValueError, SyntaxError) as e:
-            raise CorruptImageError(path, f"bad GIF ({e})") from None
+        except Exception as e:  # noqa: BLE001 - as above
+            raise _conversion_error(path, "GIF", e) from None
     return data

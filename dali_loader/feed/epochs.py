@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import logging
 import threading
 import time
 import weakref
@@ -22,11 +23,13 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from dali_loader.args import positive_int
-from dali_loader.errors import BadFileError
+from dali_loader.errors import BadFileError, CorruptImageError
 from dali_loader.feed.order import epoch_order, shard_of, shard_size
 from dali_loader.feed.policy import EpochErrors, SkipReport, check_on_error
 from dali_loader.feed.readahead import ReadAhead
 from dali_loader.index import Index
+
+logger = logging.getLogger(__name__)
 
 
 class Tally:
@@ -246,7 +249,7 @@ class FeedEpoch:
     def _read_inline(read, path: str) -> Any:
         try:
             return read(path)
-        except BadFileError as e:
+        except (BadFileError, MemoryError) as e:  # one file's: the policy decides
             return e
 
     def next_chunk(self, size: int | None = None) -> Chunk | None:
@@ -257,6 +260,9 @@ class FeedEpoch:
             raise RuntimeError("The dataset was closed while an epoch was running.")
         items, positions = [], []
         for pos, result in self._results:
+            if isinstance(result, MemoryError):  # one file's read or decode: its error
+                result = CorruptImageError(self._paths[pos], "out of memory while reading or "
+                                           "decoding it (see max_pixels)")
             if isinstance(result, BadFileError):
                 self.errors(result)
                 continue
@@ -319,7 +325,11 @@ class FeedEpoch:
                 return
             self.closed = True
             held, self._held = list(self._held.values()), {}
-        self._feed.epoch_tallies.append({"epoch": self.number, **self.tally.as_dict()})
+        tally = self.tally.as_dict()
+        self._feed.epoch_tallies.append({"epoch": self.number, **tally})
+        if tally.get("cache_write_failures"):
+            logger.warning("Epoch %d: %d cache writes failed; those files were read uncached.",
+                           self.number, tally["cache_write_failures"])
         close = getattr(self._stream, "close", None)
         if close is not None:
             close()

@@ -17,11 +17,18 @@ cache file). Items that hold nothing are not tracked after they are handed out.
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
 from typing import Any, NamedTuple
 
-from dali_loader.errors import UnreadableFileError
-from dali_loader.feed.checks import prepare, sniff
+from dali_loader.errors import CorruptImageError, UnreadableFileError
+from dali_loader.feed.checks import (
+    DEFAULT_MAX_PIXELS,
+    peek_size_problem,
+    prepare,
+    size_problem,
+    sniff,
+)
 from dali_loader.storage.objects import ObjectFetchError
 
 
@@ -38,11 +45,21 @@ def read_errors(path: str) -> Iterator[None]:
     try:
         yield
     except FileNotFoundError:
-        raise UnreadableFileError(path, "the file disappeared since indexing") from None
+        raise UnreadableFileError(path, _missing_reason(path)) from None
     except ObjectFetchError as e:
         raise UnreadableFileError(path, e.reason) from None
     except OSError as e:
         raise UnreadableFileError(path, f"read failed ({e})") from None
+
+
+def _missing_reason(path: str) -> str:
+    """Why a listed local file is not there: a dangling symlink (naming its
+    target), or gone since indexing."""
+    try:
+        target = os.readlink(path)
+    except (OSError, ValueError):  # not a link, or a URL
+        return "the file disappeared since indexing"
+    return f"a dangling symbolic link (its target {target!r} does not exist)"
 
 
 def read_bytes(source, path: str) -> bytes:
@@ -51,46 +68,64 @@ def read_bytes(source, path: str) -> bytes:
         return source.read(path)
 
 
+def _refuse_over(path: str, problem: str | None) -> None:
+    if problem:
+        raise CorruptImageError(path, problem)
+
+
 class RawBytes:
-    """Unchecked bytes, for a decoder whose failures are audited (TF's kernels)."""
+    """Bytes for a decoder whose failures are audited (TF's kernels): only the
+    header's size is checked (`max_pixels`)."""
 
     io = True
     holds = False
 
-    def __init__(self, source):
+    def __init__(self, source, max_pixels: int | None = DEFAULT_MAX_PIXELS):
         self.source = source
+        self.max_pixels = max_pixels
 
     def __call__(self, path: str) -> bytes:
-        return read_bytes(self.source, path)
+        data = read_bytes(self.source, path)
+        _refuse_over(path, size_problem(data, self.max_pixels))
+        return data
 
     def release(self, item: Any) -> None:
         pass
 
 
 class CheckedBytes(RawBytes):
-    """Checked bytes for DALI; `rgba` expands alpha the way libpng does.
+    """Checked bytes for DALI; `rgba` expands alpha the way libpng does; images
+    whose header claims over `max_pixels` are refused.
     Counts JPEGs into an epoch's tally (`jpeg`: the files a GPU decodes)."""
 
     tallies = True
 
-    def __init__(self, source, rgba: bool = False):
-        super().__init__(source)
+    def __init__(self, source, rgba: bool = False, max_pixels: int | None = DEFAULT_MAX_PIXELS):
+        super().__init__(source, max_pixels)
         self.rgba = rgba
 
     def __call__(self, path: str, tally=None) -> bytes:
-        data = prepare(read_bytes(self.source, path), path, rgba=self.rgba)
+        data = prepare(read_bytes(self.source, path), path, rgba=self.rgba,
+                       max_pixels=self.max_pixels)
         if tally is not None and sniff(data) == "jpeg":
             tally.add("jpeg")
         return data
 
 
 class Paths:
-    """The path itself: the decoder reads the file (TF, on a local disk)."""
+    """The path itself: the decoder reads the file (TF, on a local disk). Only
+    the header is read here, to refuse an image over `max_pixels` (None: not read)."""
 
     io = False
     holds = False
 
+    def __init__(self, max_pixels: int | None = DEFAULT_MAX_PIXELS):
+        self.max_pixels = max_pixels
+
     def __call__(self, path: str) -> str:
+        if self.max_pixels is not None:
+            with read_errors(path):
+                _refuse_over(path, peek_size_problem(path, self.max_pixels))
         return path
 
     def release(self, item: Any) -> None:
@@ -103,14 +138,23 @@ class PinnedOrBytes:
     io = True
     holds = True
 
-    def __init__(self, source):
+    def __init__(self, source, max_pixels: int | None = DEFAULT_MAX_PIXELS):
         self.source = source
+        self.max_pixels = max_pixels
 
     def __call__(self, path: str) -> Pinned | bytes:
         where = self.source.pin(path)
-        if where is not None:
-            return Pinned(*where)
-        return read_bytes(self.source, path)
+        if where is None:
+            data = read_bytes(self.source, path)
+            _refuse_over(path, size_problem(data, self.max_pixels))
+            return data
+        try:
+            with read_errors(path):
+                _refuse_over(path, peek_size_problem(where[0], self.max_pixels, where[1]))
+        except BaseException:
+            self.source.unpin(where[0])
+            raise
+        return Pinned(*where)
 
     def release(self, item: Any) -> None:
         if isinstance(item, Pinned):

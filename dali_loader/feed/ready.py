@@ -28,9 +28,9 @@ from typing import Any
 
 import numpy as np
 
-from dali_loader.decode.ready_forms import ReadyForm, encode
+from dali_loader.decode.ready_forms import ReadyForm, encode_parts, join_parts
 from dali_loader.feed.items import Pinned, read_errors
-from dali_loader.storage.cache import DerivedMeta
+from dali_loader.storage.cache import DerivedMeta, WriteFailures
 
 logger = logging.getLogger(__name__)
 
@@ -46,21 +46,26 @@ class ReadyCache:
         channels: 1, 3 or 4 (Keras's colour mode).
         decode: `decode(data, path) -> HxWxC uint8` pixels exactly as Keras
             decodes them; raises `CorruptImageError` naming `path`.
+        alloc: `alloc(nbytes)` -> a writable uint8 array that entries are read
+            into (e.g. from the decoder's own memory pool); default: bytes.
 
     `fills` (CPU decodes) and `hits` count since creation; each epoch counts
     its own as `cache_fills` and `cache_hits` (`FeedEpoch.tally`).
     """
 
     def __init__(self, source, form: ReadyForm, channels: int,
-                 decode: Callable[[bytes, str], np.ndarray]):
+                 decode: Callable[[bytes, str], np.ndarray],
+                 alloc: Callable[[int], np.ndarray] | None = None):
         self.source = source
         self.cache = source.cache
         self.form = form
         self.channels = channels
         self.decode = decode
+        self.alloc = alloc
         self.namespace = f"ready.v{FORMAT_VERSION}/{form.value}/c{channels}"
         self.fills = 0
         self.hits = 0
+        self.write_failures = WriteFailures(self.cache.root)
         self._lock = threading.Lock()
 
     def meta(self, path: str) -> DerivedMeta:
@@ -76,38 +81,62 @@ class ReadyCache:
 
     def pinned(self, path: str, tally=None) -> Pinned | bytes:
         """A pinned entry (hand its file to a reader; `unpin` it after), or
-        the entry's bytes when it cannot be pinned (just made, or no hard links)."""
+        the entry's bytes when it cannot be pinned (no hard links, read-only)."""
         meta = self.meta(path)
         where = self.cache.pin(self.namespace, meta)
-        if where is None and self.cache.get(self.namespace, meta) is not None:
+        if where is None:
+            data = self.cache.get(self.namespace, meta, view=True, alloc=self.alloc)
+            if data is None:
+                return self.fill(path, tally, pinned=True)
             where = self.cache.pin(self.namespace, meta)  # verified now
-        if where is not None:
-            self._count("hits", tally)
-            return Pinned(*where)
-        return self.fill(path, tally)
+            if where is None:  # no hard links here (or a read-only cache): the bytes
+                self._count("hits", tally)
+                return data
+        self._count("hits", tally)
+        return Pinned(*where)
 
     def bytes(self, path: str, tally=None) -> bytes:
-        """The entry's bytes (filled first when missing)."""
-        data = self.cache.get(self.namespace, self.meta(path))
+        """The entry's bytes (filled first when missing); a large entry is not copied."""
+        data = self.cache.get(self.namespace, self.meta(path), view=True,
+                              alloc=self.alloc)
         if data is not None:
             self._count("hits", tally)
             return data
         return self.fill(path, tally)
 
-    def fill(self, path: str, tally=None) -> bytes:
-        """Reads and decodes `path` on the CPU, stores its entry, returns it."""
+    def fill(self, path: str, tally=None, pinned: bool = False,
+             store: bool = True) -> Pinned | bytes:
+        """Reads and decodes `path` on the CPU, stores its entry (unless not
+        `store`), returns it: pinned when asked and possible, else its bytes.
+
+        The decoded pixels are written as they are and dropped before the entry
+        is read back, so a large image is held once (never pixels and entry)."""
         with read_errors(path):
             data, version = self.source.read_versioned(path)
-        entry = encode(self.decode(data, path), self.form)
+        parts = encode_parts(self.decode(data, path), self.form)
+        del data
         self._count("fills", tally)
-        if version is None:
-            logger.info("%s changed while it was read; not cached.", path)
-            return entry
+        if version is None or not store:
+            if store:
+                logger.info("%s changed while it was read; not cached.", path)
+            return join_parts(parts)
+        meta = DerivedMeta(path, version)
         try:
-            self.cache.put(self.namespace, DerivedMeta(path, version), entry)
-        except OSError as e:  # a full disk must not stop training
-            logger.warning("Could not write to the cache %s: %s", self.cache.root, e)
-        return entry
+            stored = self.cache.put(self.namespace, meta, parts)
+        except OSError as e:  # a full disk must not stop training: logged once per cause
+            self.write_failures.add(e)
+            if tally is not None:
+                tally.add("cache_write_failures")
+            stored = False
+        if not stored:
+            return join_parts(parts)
+        del parts
+        where = self.cache.pin(self.namespace, meta) if pinned else None
+        if where is not None:
+            return Pinned(*where)
+        entry = self.cache.get(self.namespace, meta, view=True, alloc=self.alloc)
+        # Evicted at once (a cache smaller than its working set): decoded again, not stored.
+        return entry if entry is not None else self.fill(path, tally, store=False)
 
     def release(self, item: Any) -> None:
         if isinstance(item, Pinned):

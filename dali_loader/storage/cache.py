@@ -21,13 +21,21 @@ A reader that hands an entry's path to another reader (TF reads warm entries
 itself) first *pins* it: a hard link under ``pins/``. Eviction unlinks only the
 name under ``objects/``, so a pinned file stays readable until it is unpinned;
 pins of a killed process are removed like its temp files.
+
+A cache this process cannot write in (a read-only mount, a folder of another
+user) is opened read-only: its verified entries are used as they are, without
+the lock (a complete cache shipped on a read-only image), and nothing new is
+written (`put` returns False). A write that fails (a full disk) is the
+caller's to count: `WriteFailures` logs the first of each cause only.
 """
 
 from __future__ import annotations
 
 import base64
+import collections
 import contextlib
 import dataclasses
+import errno
 import hashlib
 import itertools
 import json
@@ -72,10 +80,26 @@ class DerivedMeta:
     md5: None = None
 
 
-def _crc32c(data: bytes) -> str:
+_CRC_STEP = 64 << 20  # bytes per CRC32C update: a large entry is never copied whole
+
+
+def _crc32c(data) -> str:
+    """Base64 CRC32C of bytes, or of buffers (memoryviews, numpy arrays; a list
+    of them one after the other) in steps: a large entry is never copied whole."""
     import google_crc32c
 
-    return base64.b64encode(struct.pack(">I", google_crc32c.value(data))).decode()
+    if isinstance(data, bytes):
+        return base64.b64encode(struct.pack(">I", google_crc32c.value(data))).decode()
+    crc = google_crc32c.Checksum()
+    for part in data if isinstance(data, list) else [data]:
+        view = memoryview(part).cast("B")
+        for at in range(0, len(view), _CRC_STEP):
+            crc.update(bytes(view[at:at + _CRC_STEP]))
+    return base64.b64encode(crc.digest()).decode()
+
+
+def _nbytes(part) -> int:
+    return part.nbytes if hasattr(part, "nbytes") else len(part)
 
 
 def default_cache_dir() -> str:
@@ -138,18 +162,19 @@ class DiskCache:
         self._objects = os.path.join(self._base, "objects")
         self._tmp = os.path.join(self._base, "tmp")
         self._pins_root = os.path.join(self._base, "pins")
-        os.makedirs(self._objects, exist_ok=True)
-        os.makedirs(self._tmp, exist_ok=True)
-        os.makedirs(self._pins_root, exist_ok=True)
         self._pins = os.path.join(self._pins_root, f"{os.getpid()}.{uuid.uuid4().hex[:12]}")
         self._pin_ids = itertools.count()
         self.verify_on_hit = verify_on_hit
         self.fsync = fsync
         self.touch_interval_s = touch_interval_s
         self._mutex = threading.Lock()  # guards _approx_bytes
-        with self._locked():
-            self._remove_stale_temp()
+        self.read_only = not self._open_writable()
+        if self.read_only:
             used = self._scan_usage()[1]
+        else:
+            with self._locked():
+                self._remove_stale_temp()
+                used = self._scan_usage()[1]
         if max_bytes is None:
             max_bytes = max(1, (shutil.disk_usage(self.root).free + used) // 2)
         self.max_bytes = int(max_bytes)
@@ -158,6 +183,29 @@ class DiskCache:
         # path -> (payload offset, payload size), for entries this process verified
         # (read or wrote).
         self._verified: dict[str, tuple[int, int]] = {}
+
+    def _open_writable(self) -> bool:
+        """Creates the layout; False (logged once) when this process cannot write in it."""
+        try:
+            for folder in (self._objects, self._tmp, self._pins_root):
+                os.makedirs(folder, exist_ok=True)
+            os.close(os.open(os.path.join(self._base, "lock"), os.O_RDWR | os.O_CREAT, 0o644))
+            for folder in (self._objects, self._tmp, self._pins_root):
+                if not os.access(folder, os.W_OK | os.X_OK):
+                    raise PermissionError(errno.EACCES, "not writable", folder)
+            return True
+        except OSError as e:
+            if e.errno not in (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT):
+                raise
+            cause = e
+        if os.path.isdir(self._objects):
+            logger.info("The cache %s is read-only here (%s): its entries are used as they "
+                        "are, without taking its lock; nothing new is cached.", self.root,
+                        cause.strerror)
+        else:
+            logger.warning("The cache %s cannot be written (%s): reads go uncached. Pass a "
+                           "writable cache_dir to cache them.", self.root, cause.strerror)
+        return False
 
     # ---------------------------------------------------------------- keys
     @staticmethod
@@ -175,20 +223,29 @@ class DiskCache:
         return os.path.join(self._objects, k[:2], k)
 
     # ------------------------------------------------------------ get/put
-    def get(self, bucket: str, meta: ObjectMeta) -> bytes | None:
-        """The verified cached bytes of ``meta``, or None (a miss, or a bad entry, removed)."""
+    def get(self, bucket: str, meta: ObjectMeta, *, view: bool = False,
+            alloc=None) -> bytes | None:
+        """The verified cached bytes of ``meta``, or None (a miss, or a bad entry, removed).
+
+        With ``view``, a memoryview of the payload instead of bytes: no copy of
+        the payload (a large entry is held once, not twice); ``alloc(nbytes)``
+        then gives the writable uint8 array the file is read into (default: bytes)."""
         path = self.path_for(bucket, meta)
         try:
             with open(path, "rb") as f:
-                blob = f.read()  # one read: syscalls hand the GIL over, copies are cheap
+                if view and alloc is not None:
+                    buf = memoryview(alloc(os.fstat(f.fileno()).st_size)).cast("B")
+                    blob = buf[:f.readinto(buf)]
+                else:  # one read: syscalls hand the GIL over, copies are cheap
+                    blob = f.read()
         except FileNotFoundError:
             return None
-        problem, data = self._decode(blob, bucket, meta)
+        problem, data = self._decode(memoryview(blob) if view else blob, bucket, meta)
         if not problem:
             self._verified[path] = (len(blob) - len(data), len(data))
         if problem:
             logger.warning("Discarding the cache entry of %s (%s): %s.", meta.name, bucket, problem)
-            with contextlib.suppress(FileNotFoundError):
+            with contextlib.suppress(OSError):  # gone, or a read-only cache
                 os.unlink(path)
             return None
         self._touch(path)
@@ -218,7 +275,7 @@ class DiskCache:
         """
         path = self.path_for(bucket, meta)
         verified = self._verified.get(path)
-        if verified is None:
+        if verified is None or self.read_only:
             return None
         offset, size = verified
         os.makedirs(self._pins, exist_ok=True)
@@ -247,12 +304,12 @@ class DiskCache:
         """Releases every pin this instance still holds."""
         shutil.rmtree(self._pins, ignore_errors=True)
 
-    def _decode(self, blob: bytes, bucket: str, meta: ObjectMeta) -> tuple[str | None, bytes]:
+    def _decode(self, blob, bucket: str, meta: ObjectMeta) -> tuple[str | None, bytes]:
         if len(blob) < 8 or blob[:4] != _MAGIC:
             return "bad header", b""
         (hlen,) = struct.unpack(">I", blob[4:8])
         try:
-            header = json.loads(blob[8: 8 + hlen])
+            header = json.loads(bytes(blob[8: 8 + hlen]))
         except ValueError:
             return "bad header", b""
         if (header.get("bucket"), header.get("name"), header.get("generation")) != (bucket, meta.name, meta.generation):
@@ -271,31 +328,36 @@ class DiskCache:
                 return problem, b""
         return None, data
 
-    def put(self, bucket: str, meta: ObjectMeta, data: bytes) -> bool:
-        """Store verified ``data`` for ``meta`` atomically; False when it cannot fit."""
-        if len(data) > self.max_bytes * _LOW_WATERMARK:
+    def put(self, bucket: str, meta: ObjectMeta, data) -> bool:
+        """Store verified ``data`` for ``meta`` atomically; False when it cannot fit
+        (or the cache is read-only). ``data``: bytes, or a list of buffers (e.g. a
+        header and a numpy array) written one after the other, never joined."""
+        parts = data if isinstance(data, list) else [data]
+        size = sum(_nbytes(p) for p in parts)
+        if self.read_only or size > self.max_bytes * _LOW_WATERMARK:
             return False
         crc32c = _crc32c(data) if isinstance(meta, DerivedMeta) else meta.crc32c
         header = json.dumps({"bucket": bucket, "name": meta.name, "generation": meta.generation,
-                             "size": len(data), "crc32c": crc32c, "md5": meta.md5}).encode()
+                             "size": size, "crc32c": crc32c, "md5": meta.md5}).encode()
         path = self.path_for(bucket, meta)
         tmp = os.path.join(self._tmp, f"{os.getpid()}.{uuid.uuid4().hex}.tmp")
         try:
             with open(tmp, "wb") as f:
                 f.write(_MAGIC + struct.pack(">I", len(header)) + header)
-                f.write(data)
+                for part in parts:
+                    f.write(part)
                 if self.fsync:
                     f.flush()
                     os.fsync(f.fileno())
             os.makedirs(os.path.dirname(path), exist_ok=True)
             os.replace(tmp, path)
-            self._verified[path] = (8 + len(header), len(data))
+            self._verified[path] = (8 + len(header), size)
         except BaseException:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
             raise
         with self._mutex:
-            self._approx_bytes += len(data)
+            self._approx_bytes += size
             over = self._approx_bytes > self.max_bytes
         if over:
             self.evict(int(self.max_bytes * _LOW_WATERMARK))
@@ -322,6 +384,8 @@ class DiskCache:
             os.close(fd)  # closing releases the lock
 
     def _entries(self) -> Iterator[os.DirEntry]:
+        if not os.path.isdir(self._objects):  # a read-only cache never made
+            return
         with os.scandir(self._objects) as shards:
             for shard in shards:
                 if shard.is_dir(follow_symlinks=False):
@@ -351,6 +415,8 @@ class DiskCache:
 
     def evict(self, target_bytes: int) -> int:
         """Delete least-recently-used entries until usage <= ``target_bytes``; returns bytes freed."""
+        if self.read_only:
+            return 0
         with self._locked():
             entries = []
             for e in self._entries():
@@ -376,7 +442,8 @@ class DiskCache:
     def stats(self) -> CacheStats:
         """Count entries, bytes and leftover temp files."""
         n, total = self._scan_usage()
-        return CacheStats(self.root, n, total, len(os.listdir(self._tmp)), self.max_bytes)
+        temp = len(os.listdir(self._tmp)) if os.path.isdir(self._tmp) else 0
+        return CacheStats(self.root, n, total, temp, self.max_bytes)
 
     def clear(self) -> None:
         """Remove every entry and temp file of stopped processes."""
@@ -387,6 +454,35 @@ class DiskCache:
             self._remove_stale_temp()
             with self._mutex:
                 self._approx_bytes = 0
+
+
+class WriteFailures:
+    """Failed cache writes (a full disk): the first of each cause is logged, the
+    rest only counted; `take()` hands the count over (e.g. at an epoch's end)."""
+
+    def __init__(self, root: str):
+        self.root = root
+        self._lock = threading.Lock()
+        self._causes: set[str] = set()
+        self._count: collections.Counter[str] = collections.Counter()
+
+    def add(self, err: OSError) -> None:
+        """Counts one failed write; logs it when its cause is new."""
+        cause = err.strerror or type(err).__name__
+        with self._lock:
+            new = cause not in self._causes
+            self._causes.add(cause)
+            self._count[cause] += 1
+        if new:
+            logger.warning("Could not write to the cache %s (%s): nothing is lost, the data is "
+                           "read uncached; further failures of this cause are counted, not "
+                           "logged.", self.root, err)
+
+    def take(self) -> dict[str, int]:
+        """Cause -> failed writes since the last call."""
+        with self._lock:
+            out, self._count = dict(self._count), collections.Counter()
+        return out
 
 
 def _pid_alive(pid: int) -> bool:

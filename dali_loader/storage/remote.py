@@ -26,7 +26,7 @@ from typing import Iterator
 
 from dali_loader.args import positive_int
 from dali_loader.errors import StorageError
-from dali_loader.storage.cache import DiskCache, checksum_problem
+from dali_loader.storage.cache import DiskCache, WriteFailures, checksum_problem
 from dali_loader.storage.objects import ObjectFetchError, ObjectInfo
 from dali_loader.storage.urls import parse_url, unsafe_reason
 
@@ -57,6 +57,7 @@ class RemoteSource:
         self.scheme, self.bucket, self.prefix = parse_url(url)
         self.url = f"{self.scheme}://{self.bucket}" + (f"/{self.prefix}" if self.prefix else "")
         self.cache = cache
+        self._write_failures = WriteFailures(cache.root if cache is not None else "")
         self._backend = backend
         self._list_prefix = self.prefix + "/" if self.prefix else ""
         self._max_attempts = max_attempts
@@ -207,8 +208,12 @@ class RemoteSource:
         self._write_slots.release()
         if fut is None:
             return
-        if fut.exception() is not None:  # a full disk must not stop training: log, refetch later
-            logger.warning("Could not write to the cache %s: %s", self.cache.root, fut.exception())
+        err = fut.exception()
+        if err is not None:  # a full disk must not stop training: refetched later
+            if isinstance(err, OSError):
+                self._write_failures.add(err)  # logged once per cause
+            else:
+                logger.warning("Could not write to the cache %s: %s", self.cache.root, err)
 
     def flush(self) -> None:
         """Wait until every cache write queued by fetch() is on disk."""
@@ -260,6 +265,10 @@ class RemoteSource:
             self._writer.shutdown(wait=True)
             self._writer = None
         if self.cache is not None:
+            failed = sum(self._write_failures.take().values())
+            if failed:
+                logger.warning("%d writes to the cache %s failed in all; those objects were "
+                               "read uncached.", failed, self.cache.root)
             self.cache.close()
         self._backend.close()
 

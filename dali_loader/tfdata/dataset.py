@@ -19,6 +19,7 @@ once per iterator). TensorFlow is imported lazily.
 from __future__ import annotations
 
 import functools
+import os
 import struct
 import zlib
 
@@ -49,6 +50,7 @@ from dali_loader.decode.tf_kernels import (
     resize_ready_batch,
 )
 from dali_loader.errors import CorruptImageError
+from dali_loader.feed.checks import DEFAULT_MAX_PIXELS, size_problem
 from dali_loader.feed.epochs import Feed
 from dali_loader.feed.items import CheckedBytes, Paths, Pinned, PinnedOrBytes, RawBytes, read_bytes
 from dali_loader.feed.ready import ReadyBytes, ReadyCache, ReadyPinned
@@ -78,10 +80,10 @@ END_MARKER = _tiny_png()
 def _as_string_and_offset(item) -> tuple[bytes, int]:
     """An item as (string, offset): a file to read from `offset` on (a local
     path: 0; a pinned cache entry: its payload offset), or bytes (-1)."""
-    if isinstance(item, str):
-        return item.encode(), 0
+    if isinstance(item, str):  # as the OS spells it: any name, UTF-8 or not
+        return os.fsencode(item), 0
     if isinstance(item, Pinned):
-        return item.file.encode(), int(item.offset)
+        return os.fsencode(item.file), int(item.offset)
     return item, -1
 
 
@@ -90,7 +92,8 @@ def make_loader(source: Source, index: Index, spec: ImageSpec, *, batch_size: in
                 num_threads: int | None = None, on_error: str = "raise",
                 max_in_flight: int = 64, shard: tuple[int, int] = (0, 1),
                 device_id: int = 0, gpu_ready: ReadyForm | None = None,
-                png_decoder: PngDecoder | str | None = None) -> DaliBatches | Feed:
+                png_decoder: PngDecoder | str | None = None,
+                max_pixels: int | None = DEFAULT_MAX_PIXELS) -> DaliBatches | Feed:
     """What a dataset iterates: `DaliBatches` on the GPU (or `decoder="dali"`),
     else a `Feed` for TF's kernels. On a local disk TF reads the files; FUSE/NFS
     mounts and URLs keep the feed's read-ahead with `max_in_flight` reads.
@@ -104,18 +107,21 @@ def make_loader(source: Source, index: Index, spec: ImageSpec, *, batch_size: in
     and DALI reshapes PNGs' raw pixels and decodes only the other files;
     "libpng" keeps TF's or DALI's decoder; "gpu" (DALI path, no `gpu_ready`)
     decodes each batch's PNGs with the batched GPU PNG decoder before DALI
-    (`png_batches`), the other files with TF on the CPU; DALI only resizes."""
+    (`png_batches`), the other files with TF on the CPU; DALI only resizes.
+    Every path refuses images whose header claims over `max_pixels` (None: no limit)."""
     png = resolve_png_decoder(png_decoder, device=device, decoder=decoder, gpu_ready=gpu_ready)
     kw = dict(shuffle=shuffle, seed=seed, on_error=on_error, max_in_flight=max_in_flight,
               source=source, batch_size=batch_size, shard=shard)
     dali = decoder == "dali" or device == "gpu"
     check_form_for_decoder(gpu_ready, dali)
     threads = num_threads or default_num_threads()
-    pixels = KerasPixels(spec.channels, threads) if png is PngDecoder.WUFFS else None
+    pixels = (KerasPixels(spec.channels, threads, max_pixels) if png is PngDecoder.WUFFS
+              else None)
     if gpu_ready is not None:
-        ready = ready_cache(source, gpu_ready, spec.channels, pixels)
+        ready = ready_cache(source, gpu_ready, spec.channels, pixels, max_pixels)
     if png is PngDecoder.GPU:  # the decoder expands alpha itself: the byte checks only
-        feed = Feed(index, CheckedBytes(source), chunk_size=batch_size, **kw)
+        feed = Feed(index, CheckedBytes(source, max_pixels=max_pixels), chunk_size=batch_size,
+                    **kw)
         stage = PngBatches(spec.channels, device=device, device_id=device_id)
         return DaliBatches(feed, spec, device=device, num_threads=num_threads,
                            device_id=device_id, input=Input.PIXELS, png=stage)
@@ -129,7 +135,7 @@ def make_loader(source: Source, index: Index, spec: ImageSpec, *, batch_size: in
         elif raw_pngs:
             items = RawOrCheckedItems(source, pixels)
         else:
-            items = CheckedBytes(source, rgba=spec.channels == 4)
+            items = CheckedBytes(source, rgba=spec.channels == 4, max_pixels=max_pixels)
         feed = Feed(index, items, chunk_size=batch_size, **kw)
         input = {None: Input.FILES, ReadyForm.RAW: Input.READY_RAW,
                  ReadyForm.TIFF: Input.READY_TIFF}[gpu_ready]
@@ -143,8 +149,9 @@ def make_loader(source: Source, index: Index, spec: ImageSpec, *, batch_size: in
         # Decoded pixels wait in the read-ahead window: one batch, not two.
         return Feed(index, PixelItems(source, pixels), chunk_size=batch_size,
                     read_ahead=batch_size, **kw)
-    items = {SourceKind.LOCAL_DISK: Paths(), SourceKind.NETWORK_FS: RawBytes(source),
-             SourceKind.REMOTE: PinnedOrBytes(source)}[source.kind]
+    items = {SourceKind.LOCAL_DISK: Paths, SourceKind.NETWORK_FS: RawBytes,
+             SourceKind.REMOTE: PinnedOrBytes}[source.kind]
+    items = Paths(max_pixels) if items is Paths else items(source, max_pixels)
     # TF batches again after decoding: small chunks let decoding start on the
     # first files of an epoch instead of waiting for a whole batch.
     return Feed(index, items, chunk_size=min(batch_size, TF_CHUNK), **kw)
@@ -156,15 +163,22 @@ def _has_jpeg(index: Index) -> bool:
 
 
 def ready_cache(source: Source, form: ReadyForm, channels: int,
-                pixels: KerasPixels | None = None) -> ReadyCache:
+                pixels: KerasPixels | None = None,
+                max_pixels: int | None = DEFAULT_MAX_PIXELS) -> ReadyCache:
     """The GPU-ready cache of `source` in `form`, filled by `pixels` (PNGs by
     Wuffs) or else TF's decoder."""
-    decode = functools.partial(_keras_pixels, channels) if pixels is None else pixels
-    return ReadyCache(source, form, channels, decode)
+    decode = (functools.partial(_keras_pixels, channels, max_pixels) if pixels is None
+              else pixels)
+    return ReadyCache(source, form, channels, decode,
+                      alloc=functools.partial(_pooled_empty, import_tf()))
 
 
-def _keras_pixels(channels: int, data: bytes, path: str) -> np.ndarray:
-    """The GPU-ready cache's decoder: TF's, eagerly, on a read-ahead thread."""
+def _keras_pixels(channels: int, max_pixels: int | None, data: bytes, path: str) -> np.ndarray:
+    """The GPU-ready cache's decoder: TF's, eagerly, on a read-ahead thread
+    (after the header's size check)."""
+    problem = size_problem(data, max_pixels)
+    if problem:
+        raise CorruptImageError(path, problem)
     return pixels_like_keras(data, path, channels, import_tf())
 
 
@@ -394,6 +408,20 @@ def _aligned_empty(nbytes: int) -> np.ndarray:
     return base[start:start + nbytes]
 
 
+def _pooled_empty(tf, nbytes: int) -> np.ndarray:
+    """`_aligned_empty(nbytes)`, but from TF's own CPU allocator where it can be
+    viewed writable: that allocator pools what it frees (oneDNN's), so the buffer
+    of a batch with a huge image reuses the memory TF freed after decoding it
+    (when the entry was filled) instead of adding a second copy's worth."""
+    try:
+        out = tf.raw_ops.Empty(shape=[nbytes], dtype=tf.uint8, init=False)._numpy()
+    except (AttributeError, TypeError, ValueError):  # pragma: no cover - a future TF
+        return _aligned_empty(nbytes)
+    if out.flags.writeable and out.ctypes.data % ALIGN == 0:
+        return out  # its base holds TF's buffer
+    return _aligned_empty(nbytes)  # pragma: no cover - a future TF
+
+
 class _OpenEntry:
     """A raw entry opened once: its shape from the header, then its pixels read
     into a caller's buffer (a pinned file), or copied from its bytes; or pixels
@@ -428,13 +456,34 @@ class _OpenEntry:
             self.file.close()
 
 
+def _ready_layout(sizes: np.ndarray) -> tuple[np.ndarray, int]:
+    """Where each entry goes in a batch's buffer, and the buffer's size.
+
+    Same-size entries lie back to back (the batch is one tensor). Otherwise the
+    largest lies last, at an `ALIGN`ed offset: TF's slice of it (aligned, to the
+    end) shares the buffer instead of copying it, so a huge image among small
+    ones is held once."""
+    offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+    if len(sizes) < 2 or (sizes == sizes[0]).all():
+        return offsets, int(sizes.sum())
+    big = int(np.argmax(sizes))
+    rest = [i for i in range(len(sizes)) if i != big]
+    at = 0
+    for i in rest:
+        offsets[i] = at
+        at += int(sizes[i])
+    offsets[big] = -(-at // ALIGN) * ALIGN
+    return offsets, int(offsets[big] + sizes[big])
+
+
 class _ReadyEpochs:
     """What the generator calls on the TF path, once per iterator, when the feed's
     items are pixels (GPU-ready cache entries, or `png_stage.PixelItems`): whole
     batches of them, read or copied into one aligned buffer (shared with TF), with
-    the images' shapes."""
+    the images' shapes and offsets in it."""
 
-    def __init__(self, feed: Feed, which: tuple[int | None, int]):
+    def __init__(self, tf, feed: Feed, which: tuple[int | None, int]):
+        self.tf = tf
         self.feed = feed
         self.which = which
 
@@ -447,17 +496,18 @@ class _ReadyEpochs:
                     for item in chunk.items:
                         entries.append(_OpenEntry(item))
                     shapes = np.asarray([e.shape for e in entries], np.int32)
-                    sizes = np.prod(shapes, axis=1)
-                    flat = _aligned_empty(int(sizes.sum()))
-                    for entry, end, size in zip(entries, np.cumsum(sizes), sizes):
-                        entry.read_into(flat[end - size:end])
+                    sizes = np.prod(shapes, axis=1, dtype=np.int64)
+                    offsets, total = _ready_layout(sizes)
+                    flat = _pooled_empty(self.tf, total)
+                    for entry, at, size in zip(entries, offsets, sizes):
+                        entry.read_into(flat[at:at + size])
                 finally:
                     for entry in entries:
                         entry.close()
                 epoch.release(chunk.positions)
                 labels = epoch.labels(chunk.positions)
-                yield flat, shapes, (np.zeros(len(shapes), np.int32) if labels is None
-                                     else labels.astype(np.int32))
+                yield flat, shapes, offsets, (np.zeros(len(shapes), np.int32) if labels is None
+                                              else labels.astype(np.int32))
         finally:
             epoch.close()
 
@@ -469,13 +519,14 @@ def _ready_dataset(tf, feed: Feed, spec: ImageSpec, batch_size: int | None,
     cannot be decoded was the feed's `on_error`); a batch of same-size images is
     resized as one tensor (one output allocation per batch instead of one per
     image and op)."""
-    epochs = _ReadyEpochs(feed, which)
+    epochs = _ReadyEpochs(tf, feed, which)
     sig = (tf.TensorSpec((None,), tf.uint8), tf.TensorSpec((None, 3), tf.int32),
-           tf.TensorSpec((None,), tf.int32))
+           tf.TensorSpec((None,), tf.int64), tf.TensorSpec((None,), tf.int32))
     # TF calls the generator once per iterator: one independent epoch each.
     ds = tf.data.Dataset.from_generator(_weakly(epochs, "epoch", lambda: iter(())),
                                         output_signature=sig)
     ds._dali_epochs = epochs  # held by every dataset and iterator derived from it
-    ds = ds.map(lambda flat, shapes, y: (resize_ready_batch(flat, shapes, spec, tf), y),
+    ds = ds.map(lambda flat, shapes, offsets, y: (resize_ready_batch(flat, shapes, offsets,
+                                                                     spec, tf), y),
                 num_parallel_calls=num_threads or default_num_threads(), deterministic=True)
     return ds.unbatch() if batch_size is None else ds

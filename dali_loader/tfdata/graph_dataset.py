@@ -122,7 +122,7 @@ def graph_dataset(index: Index, spec: ImageSpec, batch_size: int | None, label_m
     """
     tf = import_tf()
     n = len(index)
-    paths = tf.constant(list(index.paths), tf.string)
+    paths = tf.constant([os.fsencode(p) for p in index.paths], tf.string)  # any name
     label_values = index.labels if index.labels is not None else [0] * n
     labels = tf.constant(label_values, tf.int32, shape=(n,))
     tally = EpochTally(list(index.paths), on_error)
