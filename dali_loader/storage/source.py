@@ -162,8 +162,10 @@ def open_source(
     cache_max_bytes: int | None = None,
     max_in_flight: int = 64,
     labels_inferred: bool = True,
+    manifest: str = "use",
 ) -> Source:
-    """Lists a local folder or a remote prefix.
+    """Lists a local folder or a remote prefix (with `manifest`, see
+    `RemoteSource.list_objects`; local folders are always walked).
 
     Raises:
         FileNotFoundError: the local folder does not exist.
@@ -174,7 +176,7 @@ def open_source(
         remote = open_remote(directory, cache_dir=cache_dir, cache_max_bytes=cache_max_bytes,
                              max_in_flight=max_in_flight)
         try:
-            infos = remote.list_objects()
+            infos = remote.list_objects(manifest)
         except BaseException:
             remote.close()
             raise
