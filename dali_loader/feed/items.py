@@ -32,6 +32,14 @@ class Pinned(NamedTuple):
     offset: int
 
 
+class OpenEntry(NamedTuple):
+    """A verified cache entry, open: read it from `offset` on; the descriptor
+    keeps it readable (whatever evicts it) until the holder closes it."""
+
+    fd: int
+    offset: int
+
+
 @contextlib.contextmanager
 def read_errors(path: str) -> Iterator[None]:
     """Turns a failed read of `path` (gone, fetch failed, I/O error) into `UnreadableFileError`."""

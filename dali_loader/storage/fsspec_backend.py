@@ -61,7 +61,7 @@ class FsspecBackend:
         return rows, subs
 
     def iter_dirs(self, prefix: str) -> list[str]:
-        return [p[len(prefix):].rstrip("/") for p in self.list_level(prefix)[1]]
+        return [p[len(prefix):].strip("/") for p in self.list_level(prefix)[1]]
 
     def download(self, info: ObjectInfo) -> bytes:
         return self.fs.cat_file(self._path(info.name))

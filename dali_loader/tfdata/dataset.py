@@ -19,6 +19,7 @@ once per iterator). TensorFlow is imported lazily.
 from __future__ import annotations
 
 import functools
+import os
 import struct
 import zlib
 
@@ -43,7 +44,7 @@ from dali_loader.decode.tf_kernels import (
 )
 from dali_loader.errors import CorruptImageError
 from dali_loader.feed.epochs import Feed
-from dali_loader.feed.items import CheckedBytes, Paths, Pinned, PinnedOrBytes, RawBytes, read_bytes
+from dali_loader.feed.items import CheckedBytes, OpenEntry, Paths, Pinned, PinnedOrBytes, RawBytes, read_bytes
 from dali_loader.feed.ready import ReadyBytes, ReadyCache, ReadyPinned
 from dali_loader.index import Index
 from dali_loader.lazy import import_tf
@@ -107,14 +108,14 @@ def make_loader(source: Source, index: Index, spec: ImageSpec, *, batch_size: in
         return DaliBatches(feed, spec, device=device, num_threads=num_threads,
                            device_id=device_id, input=Input.PIXELS, png=stage)
     if dali:
-        items = ReadyBytes(ready) if gpu_ready else CheckedBytes(source, rgba=spec.channels == 4)
+        items = ReadyBytes(ready, index.paths) if gpu_ready else CheckedBytes(source, rgba=spec.channels == 4)
         feed = Feed(index, items, chunk_size=batch_size, **kw)
         input = {None: Input.FILES, ReadyForm.RAW: Input.READY_RAW,
                  ReadyForm.TIFF: Input.READY_TIFF}[gpu_ready]
         return DaliBatches(feed, spec, device=device, num_threads=num_threads,
                            device_id=device_id, input=input)
     if gpu_ready is not None:  # whole batches of entries, resized as one tensor
-        return Feed(index, ReadyPinned(ready), chunk_size=batch_size, **kw)
+        return Feed(index, ReadyPinned(ready, index.paths), chunk_size=batch_size, **kw)
     items = {SourceKind.LOCAL_DISK: Paths(), SourceKind.NETWORK_FS: RawBytes(source),
              SourceKind.REMOTE: PinnedOrBytes(source)}[source.kind]
     # TF batches again after decoding: small chunks let decoding start on the
@@ -359,33 +360,28 @@ def _aligned_empty(nbytes: int) -> np.ndarray:
 
 
 class _OpenEntry:
-    """A raw entry opened once: its shape from the header, then its pixels read
-    into a caller's buffer (a pinned file), or copied from its bytes."""
+    """A raw entry: its shape from the header, then its pixels read into a
+    caller's buffer (an open entry, `OpenEntry`, read in place; the reader's
+    release closes it), or copied from its bytes."""
 
     def __init__(self, item):
-        self.file = None
-        if isinstance(item, Pinned):
-            self.file = open(item.file, "rb")  # noqa: SIM115 - closed by read_into/close
-            self.file.seek(item.offset)
-            head = self.file.read(RAW_HEADER)
+        self.fd = None
+        if isinstance(item, OpenEntry):
+            self.fd, self.at = item.fd, item.offset + RAW_HEADER
+            head = os.pread(self.fd, RAW_HEADER, item.offset)
             self.pixels = None
         else:
             head, self.pixels = item[:RAW_HEADER], decode_raw(item)
         self.shape = raw_shape(head)
 
     def read_into(self, out: np.ndarray) -> None:
-        if self.file is None:
+        if self.fd is None:
             out[:] = self.pixels.reshape(-1)
-            return
-        try:
-            if self.file.readinto(memoryview(out)) != out.size:
-                raise OSError(f"short read of the cache entry {self.file.name}")
-        finally:
-            self.close()
+        elif os.preadv(self.fd, [memoryview(out)], self.at) != out.size:
+            raise OSError(f"short read of a GPU-ready cache entry (descriptor {self.fd})")
 
     def close(self) -> None:
-        if self.file is not None:
-            self.file.close()
+        pass
 
 
 class _ReadyEpochs:
