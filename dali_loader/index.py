@@ -138,7 +138,11 @@ def build_index(
                 )
             label_arr = list(labels)
             names_out = [str(label) for label in sorted(set(labels))]
-    paths = [join(root, *f.split("/")) for f in filenames]
+    if join in (posixpath.join, os.path.join) and os.sep == "/" and root:
+        base = root if root.endswith("/") else root + "/"
+        paths = [base + f for f in filenames]  # what join gives for these names, without a call each
+    else:
+        paths = [join(root, *f.split("/")) for f in filenames]
     if shuffle:
         if seed is None:
             seed = np.random.randint(1e6)

@@ -11,8 +11,9 @@ after it was written: ``manifest="refresh"`` (or ``dali-loader cache manifest
 URL``) lists again.
 
 Layout: ``<cache>/v1/manifests/<sha256(url, endpoint)>.json.gz``, a gzipped
-JSON document ``{"version", "url", "endpoint", "created", "objects": [[name,
-size, generation, crc32c, md5], ...]}``, written atomically.
+JSON document ``{"version", "url", "endpoint", "created", "objects": {"name": [...],
+"size": [...], "generation": [...], "crc32c": [...], "md5": [...]}}`` (columns: about
+twice as fast to read as a list per object), written atomically.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ __all__ = ["MANIFEST_MODES", "check_manifest_mode", "manifest_path", "load_manif
 #: ``"use"``: read the manifest when there is one, else list and write it;
 #: ``"refresh"``: list and (re)write it; ``"off"``: list, neither read nor write it.
 MANIFEST_MODES = ("use", "refresh", "off")
-_VERSION = 1
+_VERSION = 2
 
 Row = tuple[str, int, str, "str | None", "str | None"]
 
@@ -72,14 +73,17 @@ def load_manifest(path: str, url: str) -> tuple[list[Row], float] | None:
     scheme = url.split("://", 1)[0]
     if doc.get("version") != _VERSION or doc.get("url") != url or doc.get("endpoint") != _endpoint(scheme):
         return None
-    return [tuple(r) for r in doc["objects"]], float(doc["created"])
+    cols = doc["objects"]
+    return list(zip(cols["name"], cols["size"], cols["generation"], cols["crc32c"], cols["md5"])), \
+        float(doc["created"])
 
 
 def save_manifest(path: str, url: str, rows: list[Row]) -> None:
     """Writes the manifest of ``url`` atomically (temp file, then rename)."""
     scheme = url.split("://", 1)[0]
+    names, sizes, gens, crcs, md5s = zip(*rows) if rows else ((),) * 5
     doc = {"version": _VERSION, "url": url, "endpoint": _endpoint(scheme), "created": time.time(),
-           "objects": rows}
+           "objects": {"name": names, "size": sizes, "generation": gens, "crc32c": crcs, "md5": md5s}}
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = f"{path}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
     try:

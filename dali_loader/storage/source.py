@@ -182,11 +182,12 @@ def open_source(
             raise
         objects = {}
         rel_files = []
+        base = remote.url + "/"
         for info in infos:
             if info.rel.endswith("/"):
                 continue  # a folder placeholder object
             rel_files.append(info.rel)
-            objects[posixpath.join(remote.url, info.rel)] = info
+            objects[base + info.rel] = info
         subdirs = sorted({i.rel.split("/", 1)[0] for i in infos if "/" in i.rel})
         return Source(remote.url, rel_files, subdirs, SourceKind.REMOTE, remote, objects)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 _SCHEME_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)://")
+_CONTROL = re.compile("[\x00-\x1f\x7f]")
 
 
 def is_remote(path: object) -> bool:
@@ -33,12 +34,12 @@ def unsafe_reason(rel: str) -> str | None:
     body = rel[:-1] if rel.endswith("/") else rel
     if rel.startswith("/"):
         return "absolute or empty leading segment"
-    segments = body.split("/")
-    if any(s == "" for s in segments):
+    wrapped = f"/{body}/"
+    if "//" in wrapped:
         return "empty path segment ('//')"
-    if any(s in (".", "..") for s in segments):
+    if "/./" in wrapped or "/../" in wrapped:
         return "'.' or '..' segment"
-    if any(ord(c) < 32 or c == "\x7f" for c in body):
+    if _CONTROL.search(body):
         return "control character"
     if "\\" in body:
         return "backslash (ambiguous path separator)"
