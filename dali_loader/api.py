@@ -50,6 +50,7 @@ def open_index(
         )
         if require_files and not len(index):
             raise ValueError(f"No images found in directory {source}.")
+        src.forget_listing()
     except BaseException:
         src.close()
         raise

@@ -61,6 +61,10 @@ class Source:
         self._local_caches: list = []  # at most one, closed with the source
         self._finalizer = weakref.finalize(self, _close, remote, self._local_caches)
 
+    def forget_listing(self) -> None:
+        """Drops `rel_files` once an index holds the paths (about 80 bytes per file)."""
+        self.rel_files = []
+
     @property
     def join(self):
         """Joins a root and name parts: `posixpath.join` for URLs, else `os.path.join`."""
