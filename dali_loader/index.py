@@ -50,9 +50,10 @@ def _sorted_walk_files(
     extension.
     """
     by_root: dict[str, list[str]] = {}
+    formats = tuple(formats)
     for rel in rel_files:
-        root, name = posixpath.split(rel)
-        if name.lower().endswith(tuple(formats)):
+        root, _, name = rel.rpartition("/")  # posixpath.split, for names without empty segments
+        if name.lower().endswith(formats):
             by_root.setdefault(root, []).append(name)
     ordered = []
     for root in sorted(by_root):

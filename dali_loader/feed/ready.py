@@ -135,8 +135,11 @@ class ReadyTable:
         """`(entry file, source version)` of position `pos` (one stat for local files)."""
         path = self.paths[pos]
         if self.local:
-            with read_errors(path):
+            try:
                 st = os.stat(path)
+            except OSError:
+                with read_errors(path):  # says what went wrong, naming the file
+                    raise
             size, mtime = st.st_size, st.st_mtime_ns
             version = None
         else:

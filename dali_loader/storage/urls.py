@@ -6,6 +6,7 @@ import re
 
 _SCHEME_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)://")
 _CONTROL = re.compile("[\x00-\x1f\x7f]")
+_SUSPECT = re.compile(r"^/|//|/$|^$|(?:^|/)\.\.?(?:/|$)|[\x00-\x1f\x7f\\]")
 
 
 def is_remote(path: object) -> bool:
@@ -32,6 +33,8 @@ def parse_url(url: str) -> tuple[str, str, str]:
 def unsafe_reason(rel: str) -> str | None:
     """Why ``rel`` (a '/'-separated name under the prefix) is unusable as a dataset path."""
     body = rel[:-1] if rel.endswith("/") else rel
+    if not _SUSPECT.search(body) and not rel.startswith("/"):
+        return None  # one search for the common case; the reasons below say which rule
     if rel.startswith("/"):
         return "absolute or empty leading segment"
     wrapped = f"/{body}/"
