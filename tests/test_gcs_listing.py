@@ -116,6 +116,13 @@ def test_manifest_run_equals_listing_run_and_lists_nothing(serve, tmp_path, caps
     assert server.counts["list"] == 0 and server.counts["bucket"] == 0
     assert used.paths == listed.paths and used.class_names == listed.class_names
     np.testing.assert_array_equal(used.labels, listed.labels)
+    from dali_loader.tools.cli import main as cli
+
+    assert cli(["cache", "manifest", "gs://b/data", "--cache-dir", cache]) == 0  # lists again
+    assert "gs://b/data: 361 objects listed" in capsys.readouterr().out  # + 1, less 2 unusable
+    src, fresh = open_index("gs://b/data", **kw)
+    src.close()
+    assert len(fresh.paths) == len(listed.paths) + 1
     src, fresh = open_index("gs://b/data", manifest="refresh", **kw)
     src.close()
     assert len(fresh.paths) == len(listed.paths) + 1

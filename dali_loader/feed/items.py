@@ -1,6 +1,7 @@
 """How one indexed file becomes an item for a decoder: an item reader per decoder and source.
 
-Each reader is a callable `reader(path) -> item`, run on the read-ahead's
+Each reader is a callable `reader(path) -> item` (or `reader(position)` when
+its `positional` is True: the GPU-ready cache's, `feed.ready`), run on the read-ahead's
 threads, that raises a `BadFileError` naming the file when it cannot; `io`
 says whether it does I/O at all (else it runs inline), `holds` whether its
 items hold something to give back, and `release(item)` gives it back (a pinned
