@@ -399,6 +399,8 @@ class DiskCache:
 
     def _sync_usage(self) -> None:
         """Adds what this process wrote since the last sync to the shared usage file."""
+        if not self._delta:
+            return
         with self._locked():
             with self._mutex:
                 delta, self._delta = self._delta, 0
