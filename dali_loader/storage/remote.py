@@ -28,7 +28,7 @@ from dali_loader.args import positive_int
 from dali_loader.errors import StorageError
 from dali_loader.storage.cache import DiskCache, checksum_problem
 from dali_loader.storage.objects import ObjectFetchError, ObjectInfo
-from dali_loader.storage.urls import parse_url, unsafe_reason
+from dali_loader.storage.urls import parse_url, suspect, unsafe_reason
 
 logger = logging.getLogger(__name__)
 
@@ -144,15 +144,16 @@ class RemoteSource:
         out: list[ObjectInfo] = []
         dropped: list[tuple[str, str]] = []
         n = len(self._list_prefix)
+        bucket, scheme = self.bucket, self.scheme
         for name, size, gen, crc, md5 in rows:
             rel = name[n:]
             if not rel:
                 continue  # the placeholder of the prefix itself
-            reason = unsafe_reason(rel)
+            reason = unsafe_reason(rel) if suspect(rel) else None  # one search for most names
             if reason:
                 dropped.append((name, reason))
                 continue
-            out.append(ObjectInfo(rel, name, size, gen, crc, md5, self.bucket, self.scheme))
+            out.append(ObjectInfo(rel, name, size, gen, crc, md5, bucket, scheme))
         if not rows:
             raise self._empty_error()
         if path is not None and loaded is None:
@@ -166,7 +167,8 @@ class RemoteSource:
         if len(dropped) > _MAX_WARNED:
             logger.warning("Skipped %d more objects with unusable names under %s.",
                            len(dropped) - _MAX_WARNED, self.url)
-        out.sort(key=lambda o: o.name)
+        if any(a.name > b.name for a, b in zip(out, out[1:])):  # rows come sorted; a manifest edited by hand may not
+            out.sort(key=lambda o: o.name)
         return out
 
     def list_rows(self, parallel: int = LIST_THREADS) -> list[tuple[str, int, str, str | None, str | None]]:

@@ -6,7 +6,7 @@ import re
 
 _SCHEME_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)://")
 _CONTROL = re.compile("[\x00-\x1f\x7f]")
-_SUSPECT = re.compile(r"^/|//|/$|^$|(?:^|/)\.\.?(?:/|$)|[\x00-\x1f\x7f\\]")
+_BAD_CHAR = re.compile("[\x00-\x1f\x7f\\\\]")
 
 
 def is_remote(path: object) -> bool:
@@ -30,11 +30,17 @@ def parse_url(url: str) -> tuple[str, str, str]:
     return scheme, bucket, prefix.strip("/")
 
 
+def suspect(rel: str) -> bool:
+    """Cheap: False for most names, and for none that `unsafe_reason` rejects."""
+    return (rel[:1] in "/." or rel.endswith("/") or "//" in rel or "/." in rel
+            or _BAD_CHAR.search(rel) is not None)
+
+
 def unsafe_reason(rel: str) -> str | None:
     """Why ``rel`` (a '/'-separated name under the prefix) is unusable as a dataset path."""
     body = rel[:-1] if rel.endswith("/") else rel
-    if not _SUSPECT.search(body) and not rel.startswith("/"):
-        return None  # one search for the common case; the reasons below say which rule
+    if not suspect(rel):
+        return None
     if rel.startswith("/"):
         return "absolute or empty leading segment"
     wrapped = f"/{body}/"
