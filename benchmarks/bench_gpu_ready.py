@@ -62,10 +62,10 @@ def plain_tfdata(tf, ds, image_size, rounds: int = 2) -> float:
     from dali_loader.decode.tf_kernels import decode_ready_like_keras, read_item
 
     feed = ds._dali_loader
-    ready = feed.items.ready
-    items = [ready.pinned(p) for p in feed.index.paths]  # pinned until released below
+    table = feed.items.table
+    items = [table.open(i) for i in range(len(feed.index.paths))]  # open until closed below
     try:
-        files = [it.file for it in items]
+        files = [f"/proc/self/fd/{it.fd}" for it in items]
         offsets = np.asarray([it.offset for it in items], np.int64)
         spec = ImageSpec(*image_size)
         bare = tf.data.Dataset.from_tensor_slices((files, offsets)).map(
@@ -74,7 +74,7 @@ def plain_tfdata(tf, ds, image_size, rounds: int = 2) -> float:
         return max(time_epoch(((x, None) for x in bare))[0] for _ in range(rounds))
     finally:
         for it in items:
-            ready.release(it)
+            feed.items.release(it)
 
 
 def time_epoch(ds) -> tuple[float, int]:

@@ -27,8 +27,13 @@ def open_index(
     cache_max_bytes: int | None = None,
     max_in_flight: int = 64,
     require_files: bool = True,
+    manifest: str = "use",
 ) -> tuple[Source, Index]:
     """Lists `source` once and indexes it with Keras's rules: `(Source, Index)`.
+
+    `manifest`: for URLs, "use" (the listing manifest in the cache directory
+    when there is one, else list and write it), "refresh" or "off"
+    (`storage.manifest`).
 
     Raises:
         ValueError: no images under `source` (with `require_files`).
@@ -36,7 +41,7 @@ def open_index(
     src = open_source(
         source, follow_links=follow_links, cache_dir=cache_dir,
         cache_max_bytes=cache_max_bytes, max_in_flight=max_in_flight,
-        labels_inferred=labels == "inferred",
+        labels_inferred=labels == "inferred", manifest=manifest,
     )
     try:
         index = build_index(
@@ -45,6 +50,7 @@ def open_index(
         )
         if require_files and not len(index):
             raise ValueError(f"No images found in directory {source}.")
+        src.forget_listing()
     except BaseException:
         src.close()
         raise

@@ -50,9 +50,10 @@ def _sorted_walk_files(
     extension.
     """
     by_root: dict[str, list[str]] = {}
+    formats = tuple(formats)
     for rel in rel_files:
-        root, name = posixpath.split(rel)
-        if name.lower().endswith(tuple(formats)):
+        root, _, name = rel.rpartition("/")  # posixpath.split, for names without empty segments
+        if name.lower().endswith(formats):
             by_root.setdefault(root, []).append(name)
     ordered = []
     for root in sorted(by_root):
@@ -138,7 +139,11 @@ def build_index(
                 )
             label_arr = list(labels)
             names_out = [str(label) for label in sorted(set(labels))]
-    paths = [join(root, *f.split("/")) for f in filenames]
+    if join in (posixpath.join, os.path.join) and os.sep == "/" and root:
+        base = root if root.endswith("/") else root + "/"
+        paths = [base + f for f in filenames]  # what join gives for these names, without a call each
+    else:
+        paths = [join(root, *f.split("/")) for f in filenames]
     if shuffle:
         if seed is None:
             seed = np.random.randint(1e6)

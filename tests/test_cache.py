@@ -169,3 +169,21 @@ def test_stale_temp_files_removed_and_default_dir(tmp_path, monkeypatch):
     assert default_cache_dir() == str(tmp_path / "xdg" / "dali-loader")
     monkeypatch.delenv("XDG_CACHE_HOME")
     assert default_cache_dir() == os.path.join(os.path.expanduser("~"), ".cache", "dali-loader")
+
+
+def test_usage_is_shared_through_the_usage_file_not_a_scan(tmp_path, monkeypatch):
+    """A cache opened after another wrote knows the bytes used without a stat of each entry;
+    eviction rewrites the exact figure."""
+    writer = DiskCache(str(tmp_path), max_bytes=10**6)
+    for i in range(40):
+        writer.put("bkt", info(f"o{i}", bytes([i]) * 100), bytes([i]) * 100)
+    writer.close()  # records what it wrote
+    scans = []
+    real = DiskCache._scan_usage
+    monkeypatch.setattr(DiskCache, "_scan_usage", lambda self: scans.append(1) or real(self))
+    reader = DiskCache(str(tmp_path), max_bytes=10**6)
+    assert not scans
+    monkeypatch.undo()
+    assert reader._approx_bytes == reader.stats().bytes > 4000
+    reader.evict(2000)
+    assert DiskCache(str(tmp_path))._approx_bytes == reader.stats().bytes <= 2000

@@ -383,3 +383,32 @@ def test_make_client_with_adc(monkeypatch, project):
     assert asked["scopes"] == ["https://www.googleapis.com/auth/devstorage.read_only"]
     assert client._credentials is creds
     assert client.project == project
+
+
+def _unsafe_reference(rel: str) -> str | None:
+    """The rules of `unsafe_reason`, written plainly (its fast path must agree)."""
+    body = rel[:-1] if rel.endswith("/") else rel
+    if rel.startswith("/"):
+        return "absolute or empty leading segment"
+    segments = body.split("/")
+    if any(s == "" for s in segments):
+        return "empty path segment ('//')"
+    if any(s in (".", "..") for s in segments):
+        return "'.' or '..' segment"
+    if any(ord(c) < 32 or c == "\x7f" for c in body):
+        return "control character"
+    if "\\" in body:
+        return "backslash (ambiguous path separator)"
+    return None
+
+
+def test_unsafe_reason_fast_path_agrees_with_the_rules():
+    import itertools
+
+    from dali_loader.storage.urls import suspect, unsafe_reason
+
+    for k in range(6):
+        for chars in itertools.product("a./\\\x01", repeat=k):
+            rel = "".join(chars)
+            assert unsafe_reason(rel) == _unsafe_reference(rel), repr(rel)
+            assert suspect(rel) or _unsafe_reference(rel) is None, repr(rel)

@@ -15,6 +15,7 @@ import logging
 import numpy as np
 
 from dali_loader.api import open_index
+from dali_loader.storage.manifest import check_manifest_mode, describe_age
 from dali_loader.args import positive_int
 from dali_loader.decode.devices import dali_gpu_count, resolve_device
 from dali_loader.decode.png_stage import PngDecoder, resolve_png_decoder
@@ -186,6 +187,7 @@ def image_dataset_from_directory(
     service=None,
     png_decoder=None,
     max_pixels=DEFAULT_MAX_PIXELS,
+    manifest="use",
 ):
     """Generates a `tf.data.Dataset` from image files in a directory.
 
@@ -248,6 +250,12 @@ def image_dataset_from_directory(
         max_pixels: Refuse an image whose header claims more pixels than
             this (2**30 by default: 32768x32768), as a bad file naming it,
             before any decoder allocates it; None: no limit.
+        manifest: For URLs, the listing manifest in `cache_dir`: "use" (the
+            default: start from the manifest when there is one, else list and
+            write it; objects added since it was written are not seen),
+            "refresh" (list again and rewrite it) or "off" (list, neither read
+            nor write it). Objects deleted or rewritten since are caught when
+            read (`on_error`). docs/gcs.md.
 
     Returns:
         A `tf.data.Dataset`, or a list of two for `subset="both"`, each with
@@ -262,6 +270,7 @@ def image_dataset_from_directory(
         label_mode = None
     _check_loader_args(on_error, num_threads, max_in_flight, cache_max_bytes)
     check_max_pixels(max_pixels)
+    check_manifest_mode(manifest)
     address = check_service_options(service, device=device, decoder=decoder, handoff=handoff,
                                     gpu_ready=gpu_ready, input_context=input_context)
     shard = _shard_of(input_context)
@@ -315,13 +324,17 @@ def image_dataset_from_directory(
     source, index = open_index(
         str(directory), labels=labels, class_names=class_names, shuffle=shuffle, seed=seed,
         follow_links=follow_links, cache_dir=cache_dir, cache_max_bytes=cache_max_bytes,
-        max_in_flight=max_in_flight, require_files=False,
+        max_in_flight=max_in_flight, require_files=False, manifest=manifest,
     )
     if verbose:
         if index.labels is None:
             print(f"Found {len(index)} files.")
         else:
             print(f"Found {len(index)} files belonging to {len(index.class_names)} classes.")
+        created = getattr(source.remote, "manifest_used", None)
+        if created is not None:
+            print(f"(Listed from the manifest written {describe_age(created)}; objects added since are "
+                  'not seen: pass manifest="refresh" to list again.)')
     class_names = index.class_names
     if label_mode == "binary" and len(class_names) != 2:
         raise ValueError(

@@ -236,19 +236,20 @@ class FeedEpoch:
         self._held: dict[int, Any] = {}  # position -> item not yet released
         self._lock = threading.Lock()
         order = self.order.tolist()
+        # A positional reader (the GPU-ready cache's) takes index positions, not paths.
+        keys = order if getattr(self._items, "positional", False) else (self._paths[p] for p in order)
         if feed._reader is not None:
-            self._stream = feed._reader.map((self._paths[p] for p in order),
-                                            discard=self._items.release, fn=read)
+            self._stream = feed._reader.map(keys, discard=self._items.release, fn=read)
         else:
-            self._stream = (self._read_inline(read, self._paths[p]) for p in order)
+            self._stream = (self._read_inline(read, k) for k in keys)
         self._results = zip(order, self._stream)
         self.closed = False
         feed.epoch_setup_seconds.append(time.perf_counter() - t0)
 
     @staticmethod
-    def _read_inline(read, path: str) -> Any:
+    def _read_inline(read, key) -> Any:
         try:
-            return read(path)
+            return read(key)
         except (BadFileError, MemoryError) as e:  # one file's: the policy decides
             return e
 

@@ -1,6 +1,7 @@
 """How one indexed file becomes an item for a decoder: an item reader per decoder and source.
 
-Each reader is a callable `reader(path) -> item`, run on the read-ahead's
+Each reader is a callable `reader(path) -> item` (or `reader(position)` when
+its `positional` is True: the GPU-ready cache's, `feed.ready`), run on the read-ahead's
 threads, that raises a `BadFileError` naming the file when it cannot; `io`
 says whether it does I/O at all (else it runs inline), `holds` whether its
 items hold something to give back, and `release(item)` gives it back (a pinned
@@ -36,6 +37,14 @@ class Pinned(NamedTuple):
     """A verified local copy that stays on disk until released: read it from `offset` on."""
 
     file: str
+    offset: int
+
+
+class OpenEntry(NamedTuple):
+    """A verified cache entry, open: read it from `offset` on; the descriptor
+    keeps it readable (whatever evicts it) until the holder closes it."""
+
+    fd: int
     offset: int
 
 

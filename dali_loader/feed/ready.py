@@ -9,9 +9,19 @@ never decode the file on the CPU again.
 Entries are keyed by the file's identity (a gs:// object's generation; a
 local file's path, size and mtime), the form and the colour mode (the only
 options that change the decoded pixels; resizing happens after). They are
-written atomically, checked against their own CRC32C on first use in a
-process, LRU-bounded by the cache's size, and shared by processes
+written atomically, LRU-bounded by the cache's size, and shared by processes
 (`storage.cache.DiskCache`).
+
+A dataset's readers keep one row per file (`ReadyTable`, 56 bytes): the
+entry's key, computed once (again only when a local file's size or mtime
+changes), and its payload offset once checked. A cached read is one stat of
+the source file (local folders), one `open` of the entry, and one `close`
+when the consumer releases it: the open descriptor is the pin. Any process
+may evict the entry meanwhile; POSIX keeps an open file readable, so an
+entry handed out is read exactly once, whole. The first use of an entry in a
+process checks its header (the same file, form and version) and its size
+(written whole: temp file, then rename); the CRC32C in the header is checked
+when the entry is written and when `bytes(path)` reads it (the prefetch tool).
 
 A file the decoder rejects raises `CorruptImageError` naming it; a file
 that cannot be read, `UnreadableFileError`: the feed's `on_error` policy
@@ -20,17 +30,20 @@ applies as for any reader.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from dali_loader.decode.ready_forms import ReadyForm, encode_parts, join_parts
-from dali_loader.feed.items import Pinned, read_errors
-from dali_loader.storage.cache import DerivedMeta, WriteFailures
+from dali_loader.errors import UnreadableFileError
+from dali_loader.feed.items import OpenEntry, read_errors
+from dali_loader.storage.cache import DerivedMeta, DiskCache, WriteFailures
 
 logger = logging.getLogger(__name__)
 
@@ -73,41 +86,26 @@ class ReadyCache:
         with read_errors(path):
             return DerivedMeta(path, self.source.version(path))
 
-    def _count(self, what: str, tally) -> None:
+    def count(self, what: str, tally) -> None:
+        """Counts a `hits` or `fills` (and into an epoch's `tally`)."""
         with self._lock:
             setattr(self, what, getattr(self, what) + 1)
         if tally is not None:
             tally.add(f"cache_{what}")
 
-    def pinned(self, path: str, tally=None) -> Pinned | bytes:
-        """A pinned entry (hand its file to a reader; `unpin` it after), or
-        the entry's bytes when it cannot be pinned (no hard links, read-only)."""
-        meta = self.meta(path)
-        where = self.cache.pin(self.namespace, meta)
-        if where is None:
-            data = self.cache.get(self.namespace, meta, view=True, alloc=self.alloc)
-            if data is None:
-                return self.fill(path, tally, pinned=True)
-            where = self.cache.pin(self.namespace, meta)  # verified now
-            if where is None:  # no hard links here (or a read-only cache): the bytes
-                self._count("hits", tally)
-                return data
-        self._count("hits", tally)
-        return Pinned(*where)
-
     def bytes(self, path: str, tally=None) -> bytes:
-        """The entry's bytes (filled first when missing); a large entry is not copied."""
-        data = self.cache.get(self.namespace, self.meta(path), view=True,
+        """The entry's bytes, checked against its CRC32C (filled first when missing);
+        a large entry is not copied."""
+        data = self.cache.get(self.namespace, self.meta(path), remember=False, view=True,
                               alloc=self.alloc)
         if data is not None:
-            self._count("hits", tally)
+            self.count("hits", tally)
             return data
         return self.fill(path, tally)
 
-    def fill(self, path: str, tally=None, pinned: bool = False,
-             store: bool = True) -> Pinned | bytes:
+    def fill(self, path: str, tally=None, store: bool = True) -> bytes:
         """Reads and decodes `path` on the CPU, stores its entry (unless not
-        `store`), returns it: pinned when asked and possible, else its bytes.
+        `store`), returns its bytes.
 
         The decoded pixels are written as they are and dropped before the entry
         is read back, so a large image is held once (never pixels and entry)."""
@@ -115,14 +113,14 @@ class ReadyCache:
             data, version = self.source.read_versioned(path)
         parts = encode_parts(self.decode(data, path), self.form)
         del data
-        self._count("fills", tally)
+        self.count("fills", tally)
         if version is None or not store:
             if store:
                 logger.info("%s changed while it was read; not cached.", path)
             return join_parts(parts)
         meta = DerivedMeta(path, version)
         try:
-            stored = self.cache.put(self.namespace, meta, parts)
+            stored = self.cache.put(self.namespace, meta, parts, remember=False)
         except OSError as e:  # a full disk must not stop training: logged once per cause
             self.write_failures.add(e)
             if tally is not None:
@@ -131,60 +129,143 @@ class ReadyCache:
         if not stored:
             return join_parts(parts)
         del parts
-        where = self.cache.pin(self.namespace, meta) if pinned else None
-        if where is not None:
-            return Pinned(*where)
-        entry = self.cache.get(self.namespace, meta, view=True, alloc=self.alloc)
+        entry = self.cache.get(self.namespace, meta, remember=False, view=True, alloc=self.alloc)
         # Evicted at once (a cache smaller than its working set): decoded again, not stored.
         return entry if entry is not None else self.fill(path, tally, store=False)
 
-    def release(self, item: Any) -> None:
-        if isinstance(item, Pinned):
-            self.cache.unpin(item.file)
+
+class ReadyTable:
+    """One dataset's rows of the GPU-ready cache, by index position: each
+    entry's key (SHA-256, computed once per dataset, again only when a local
+    file changed), the source version it was computed for, the payload offset
+    once the entry was checked in this process, and when this process last
+    refreshed its place in the LRU order. 56 bytes per file, whatever the epochs."""
+
+    def __init__(self, ready: ReadyCache, paths: list[str]):
+        n = len(paths)
+        self.ready = ready
+        self.paths = paths
+        self.local = ready.source.remote is None
+        self._digest = np.zeros((n, 32), np.uint8)
+        self._size = np.full(n, -1, np.int64)  # -1: no key yet
+        self._mtime = np.zeros(n, np.int64)
+        self._offset = np.zeros(n, np.int32)  # 0: not checked in this process
+        self._touched = np.zeros(n, np.uint32)  # seconds since _t0 (+1) of the last mtime refresh
+        self._t0 = time.monotonic()
+
+    def _entry(self, pos: int) -> tuple[str, str]:
+        """`(entry file, source version)` of position `pos` (one stat for local files)."""
+        path = self.paths[pos]
+        if self.local:
+            try:
+                st = os.stat(path)
+            except OSError:
+                with read_errors(path):  # says what went wrong, naming the file
+                    raise
+            size, mtime = st.st_size, st.st_mtime_ns
+            version = None
+        else:
+            size, mtime = 0, 0
+            version = self.ready.source.version(path)
+        if self._size[pos] != size or self._mtime[pos] != mtime:  # first use, or the file changed
+            version = version or f"{size}.{mtime}"
+            self._digest[pos] = np.frombuffer(
+                DiskCache.digest(self.ready.namespace, path, version), np.uint8)
+            self._size[pos], self._mtime[pos] = size, mtime
+            self._offset[pos] = 0
+        return self.ready.cache.entry_path(self._digest[pos].tobytes().hex()), version or f"{size}.{mtime}"
+
+    def open(self, pos: int) -> OpenEntry | None:
+        """The entry of `pos`, open (checked on its first use in this process), or
+        None when it is missing, bad (removed) or cannot be opened now."""
+        entry, version = self._entry(pos)
+        try:
+            fd = os.open(entry, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        except FileNotFoundError:
+            return None
+        except OSError as e:  # EMFILE and the like: read it as bytes instead
+            if e.errno not in (errno.EMFILE, errno.ENFILE):
+                logger.debug("Cannot open the cache entry %s: %s", entry, e)
+            return None
+        try:
+            offset = int(self._offset[pos])
+            if not offset:
+                offset = self.ready.cache.check_open(fd, entry, self.ready.namespace,
+                                                     DerivedMeta(self.paths[pos], version)) or 0
+                if not offset:
+                    os.close(fd)
+                    return None
+                self._offset[pos] = offset
+            now = int(time.monotonic() - self._t0) + 1
+            if now - int(self._touched[pos]) >= self.ready.cache.touch_interval_s or not self._touched[pos]:
+                self._touched[pos] = now
+                self.ready.cache.touch_fd(fd)
+        except BaseException:
+            os.close(fd)
+            raise
+        return OpenEntry(fd, offset)
 
 
 class ReadyPinned:
     """Item reader for a consumer that reads entries itself (the TF path's batch
-    reader): a pinned entry, which the kernel is asked to read ahead
-    (`POSIX_FADV_WILLNEED`), or the entry's bytes when it cannot be pinned."""
+    reader): by index position, an open entry (`OpenEntry`, which the kernel is
+    asked to read ahead, `POSIX_FADV_WILLNEED`), closed when released; or the
+    entry's bytes when it had to be filled."""
 
     io = True
     holds = True
     tallies = True
+    positional = True
 
-    def __init__(self, ready: ReadyCache):
+    def __init__(self, ready: ReadyCache, paths: list[str]):
         self.ready = ready
+        self.table = ReadyTable(ready, paths)
 
-    def __call__(self, path: str, tally=None) -> Pinned | bytes:
-        item = self.ready.pinned(path, tally)
-        if isinstance(item, Pinned) and hasattr(os, "posix_fadvise"):
+    def __call__(self, pos: int, tally=None) -> OpenEntry | bytes:
+        item = self.table.open(pos)
+        if item is None:
+            return self.ready.fill(self.table.paths[pos], tally)
+        self.ready.count("hits", tally)
+        if hasattr(os, "posix_fadvise"):
             try:
-                fd = os.open(item.file, os.O_RDONLY)
-                try:
-                    os.posix_fadvise(fd, item.offset, 0, os.POSIX_FADV_WILLNEED)
-                finally:
-                    os.close(fd)
+                os.posix_fadvise(item.fd, item.offset, 0, os.POSIX_FADV_WILLNEED)
             except OSError:  # only a hint
                 pass
         return item
 
     def release(self, item: Any) -> None:
-        self.ready.release(item)
+        if isinstance(item, OpenEntry):
+            os.close(item.fd)
 
 
 class ReadyBytes:
-    """Item reader: the entry's bytes (raw pixels for TF's kernels or DALI; or a
-    TIFF for DALI)."""
+    """Item reader by index position: the entry's bytes (raw pixels for TF's
+    kernels or DALI; or a TIFF for DALI)."""
 
     io = True
     holds = False
     tallies = True
+    positional = True
 
-    def __init__(self, ready: ReadyCache):
+    def __init__(self, ready: ReadyCache, paths: list[str]):
         self.ready = ready
+        self.table = ReadyTable(ready, paths)
 
-    def __call__(self, path: str, tally=None) -> bytes:
-        return self.ready.bytes(path, tally)
+    def __call__(self, pos: int, tally=None) -> bytes:
+        item = self.table.open(pos)
+        if item is None:
+            return self.ready.fill(self.table.paths[pos], tally)
+        try:
+            size = os.fstat(item.fd).st_size - item.offset
+            data = os.pread(item.fd, size, item.offset)
+        except OSError as e:
+            raise UnreadableFileError(self.table.paths[pos], f"reading its cache entry failed ({e})") from None
+        finally:
+            os.close(item.fd)
+        if len(data) != size:
+            return self.ready.fill(self.table.paths[pos], tally)
+        self.ready.count("hits", tally)
+        return data
 
     def release(self, item: Any) -> None:
         pass

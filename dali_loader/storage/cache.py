@@ -6,6 +6,7 @@ Layout under ``root``::
     v1/tmp/                 temp files being written (pid in the name)
     v1/pins/PID.ID/         hard links to entries a reader holds (pid in the name)
     v1/lock                 fcntl lock, held only for bookkeeping and eviction
+    v1/usage                the bytes in objects/, as processes last synced them
 
 A cache file is named by ``sha256(bucket, object name, generation)``, never by the
 object name, so hostile names cannot escape ``root`` and a changed object (new
@@ -20,7 +21,12 @@ on every hit; eviction trims to a low watermark under the lock.
 A reader that hands an entry's path to another reader (TF reads warm entries
 itself) first *pins* it: a hard link under ``pins/``. Eviction unlinks only the
 name under ``objects/``, so a pinned file stays readable until it is unpinned;
-pins of a killed process are removed like its temp files.
+pins of a killed process are removed like its temp files. (The GPU-ready
+cache holds an open descriptor instead: `check_open`, `feed.ready`.)
+
+Opening a cache does not stat every entry: the usage is read from ``v1/usage``,
+which each process updates with what it added (every `_SYNC_EVERY` writes and on
+close) and eviction rewrites exactly; only a cache without it is scanned once.
 
 A cache this process cannot write in (a read-only mount, a folder of another
 user) is opened read-only: its verified entries are used as they are, without
@@ -53,6 +59,8 @@ logger = logging.getLogger(__name__)
 _MAGIC = b"DLC1"
 _LOW_WATERMARK = 0.9  # evict down to this fraction of max_bytes
 _TOUCH_EVERY_S = 60.0
+_SYNC_EVERY = 256  # writes between updates of the shared usage file
+_MAX_REMEMBERED = 200_000  # entries whose verification and LRU refresh one process remembers
 
 
 class ObjectMeta(Protocol):
@@ -164,21 +172,30 @@ class DiskCache:
         self._pins_root = os.path.join(self._base, "pins")
         self._pins = os.path.join(self._pins_root, f"{os.getpid()}.{uuid.uuid4().hex[:12]}")
         self._pin_ids = itertools.count()
+        self._pins_made = False
         self.verify_on_hit = verify_on_hit
         self.fsync = fsync
         self.touch_interval_s = touch_interval_s
         self._mutex = threading.Lock()  # guards _approx_bytes
+        self._usage = os.path.join(self._base, "usage")
         self.read_only = not self._open_writable()
-        if self.read_only:
-            used = self._scan_usage()[1]
+        if self.read_only:  # no lock: nothing here is written
+            used = self._read_usage()
+            if used is None:
+                used = self._scan_usage()[1]
         else:
             with self._locked():
                 self._remove_stale_temp()
-                used = self._scan_usage()[1]
+                used = self._read_usage()
+                if used is None:  # a cache written before the usage file: scanned once
+                    used = self._scan_usage()[1]
+                    self._write_usage(used)
         if max_bytes is None:
             max_bytes = max(1, (shutil.disk_usage(self.root).free + used) // 2)
         self.max_bytes = int(max_bytes)
         self._approx_bytes = used
+        self._delta = 0  # bytes this process added (or removed) since it last synced the usage file
+        self._writes = 0
         self._touched: dict[str, float] = {}  # path -> when this process last refreshed its mtime
         # path -> (payload offset, payload size), for entries this process verified
         # (read or wrote).
@@ -209,24 +226,29 @@ class DiskCache:
 
     # ---------------------------------------------------------------- keys
     @staticmethod
+    def digest(bucket: str, name: str, generation: str) -> bytes:
+        """The SHA-256 digest that names one object version's entry."""
+        return hashlib.sha256(f"{bucket}\0{name}\0{generation}\0".encode("utf-8", "surrogatepass")).digest()
+
+    @staticmethod
     def key(bucket: str, name: str, generation: str) -> str:
         """The cache key of one object version: a hex digest, safe as a file name."""
-        h = hashlib.sha256()
-        for part in (bucket, name, generation):
-            h.update(part.encode("utf-8", "surrogatepass"))
-            h.update(b"\0")
-        return h.hexdigest()
+        return DiskCache.digest(bucket, name, generation).hex()
+
+    def entry_path(self, key: str) -> str:
+        """The file of the entry named by the hex ``key``."""
+        return f"{self._objects}{os.sep}{key[:2]}{os.sep}{key}"
 
     def path_for(self, bucket: str, meta: ObjectMeta) -> str:
         """The file that holds (or would hold) ``meta``'s bytes."""
-        k = self.key(bucket, meta.name, meta.generation)
-        return os.path.join(self._objects, k[:2], k)
+        return self.entry_path(self.key(bucket, meta.name, meta.generation))
 
     # ------------------------------------------------------------ get/put
-    def get(self, bucket: str, meta: ObjectMeta, *, view: bool = False,
+    def get(self, bucket: str, meta: ObjectMeta, remember: bool = True, *, view: bool = False,
             alloc=None) -> bytes | None:
         """The verified cached bytes of ``meta``, or None (a miss, or a bad entry, removed).
 
+        With ``remember``, this process remembers the entry as verified (for `pin`).
         With ``view``, a memoryview of the payload instead of bytes: no copy of
         the payload (a large entry is held once, not twice); ``alloc(nbytes)``
         then gives the writable uint8 array the file is read into (default: bytes)."""
@@ -241,15 +263,63 @@ class DiskCache:
         except FileNotFoundError:
             return None
         problem, data = self._decode(memoryview(blob) if view else blob, bucket, meta)
-        if not problem:
-            self._verified[path] = (len(blob) - len(data), len(data))
         if problem:
-            logger.warning("Discarding the cache entry of %s (%s): %s.", meta.name, bucket, problem)
-            with contextlib.suppress(OSError):  # gone, or a read-only cache
-                os.unlink(path)
+            self._discard(path, meta.name, bucket, problem, len(blob))
             return None
+        if remember:
+            self._remember(path, (len(blob) - len(data), len(data)))
         self._touch(path)
         return data
+
+    def _remember(self, path: str, where: tuple[int, int]) -> None:
+        if len(self._verified) >= _MAX_REMEMBERED:
+            self._verified.clear()  # bounded memory; worst case a re-verification
+        self._verified[path] = where
+
+    def _discard(self, path: str, name: str, bucket: str, problem: str, size: int) -> None:
+        logger.warning("Discarding the cache entry of %s (%s): %s.", name, bucket, problem)
+        with contextlib.suppress(OSError):  # gone, or a read-only cache
+            os.unlink(path)
+            with self._mutex:
+                self._delta -= size
+        self._verified.pop(path, None)
+
+    def check_open(self, fd: int, path: str, bucket: str, meta: ObjectMeta) -> int | None:
+        """The payload offset of the entry open as ``fd`` (at ``path``) when its
+        header names ``meta`` and the file holds the whole payload; else None
+        (the entry is removed). Reads the header only: the payload's CRC32C was
+        checked when the entry was written, and the file was renamed into place
+        whole, so a changed size is what a torn or foreign file shows."""
+        try:
+            head = os.pread(fd, 4096, 0)
+            problem = "bad header"
+            if len(head) >= 8 and head[:4] == _MAGIC:
+                (hlen,) = struct.unpack(">I", head[4:8])
+                if 8 + hlen > len(head):
+                    head = os.pread(fd, 8 + hlen, 0)
+                header = json.loads(head[8: 8 + hlen])
+                size = header.get("size")
+                problem = None
+                if (header.get("bucket"), header.get("name"), header.get("generation")) != \
+                        (bucket, meta.name, meta.generation):
+                    problem = "header does not match the object"
+                elif not isinstance(size, int) or (meta.size is not None and size != meta.size):
+                    problem = "wrong size in the header"
+                elif isinstance(meta, DerivedMeta) and not header.get("crc32c"):
+                    problem = "no checksum in the header"
+                elif os.fstat(fd).st_size != 8 + hlen + size:
+                    problem = f"partial or wrong size: {os.fstat(fd).st_size - 8 - hlen} of {size} bytes"
+        except (OSError, ValueError) as e:
+            problem = f"unreadable header ({e})"
+        if problem:
+            self._discard(path, meta.name, bucket, problem, 0)
+            return None
+        return 8 + hlen
+
+    def touch_fd(self, fd: int) -> None:
+        """Refreshes the LRU time (mtime) of the entry open as ``fd``."""
+        with contextlib.suppress(OSError, NotImplementedError):
+            os.utime(fd)
 
     def _touch(self, path: str) -> None:
         """Refreshes the entry's least-recently-used clock (its mtime), at most
@@ -278,7 +348,9 @@ class DiskCache:
         if verified is None or self.read_only:
             return None
         offset, size = verified
-        os.makedirs(self._pins, exist_ok=True)
+        if not self._pins_made:
+            os.makedirs(self._pins, exist_ok=True)
+            self._pins_made = True
         pinned = os.path.join(self._pins, f"{os.path.basename(path)}.{next(self._pin_ids)}")
         try:
             os.link(path, pinned)
@@ -301,8 +373,11 @@ class DiskCache:
             os.unlink(pinned)
 
     def close(self) -> None:
-        """Releases every pin this instance still holds."""
+        """Releases every pin this instance still holds; records what it added in the usage file."""
         shutil.rmtree(self._pins, ignore_errors=True)
+        self._pins_made = False
+        with contextlib.suppress(OSError):
+            self._sync_usage()
 
     def _decode(self, blob, bucket: str, meta: ObjectMeta) -> tuple[str | None, bytes]:
         if len(blob) < 8 or blob[:4] != _MAGIC:
@@ -328,10 +403,12 @@ class DiskCache:
                 return problem, b""
         return None, data
 
-    def put(self, bucket: str, meta: ObjectMeta, data) -> bool:
+    def put(self, bucket: str, meta: ObjectMeta, data, remember: bool = True) -> bool:
         """Store verified ``data`` for ``meta`` atomically; False when it cannot fit
         (or the cache is read-only). ``data``: bytes, or a list of buffers (e.g. a
-        header and a numpy array) written one after the other, never joined."""
+        header and a numpy array) written one after the other, never joined.
+
+        With ``remember``, this process remembers the entry as verified (for `pin`)."""
         parts = data if isinstance(data, list) else [data]
         size = sum(_nbytes(p) for p in parts)
         if self.read_only or size > self.max_bytes * _LOW_WATERMARK:
@@ -351,17 +428,53 @@ class DiskCache:
                     os.fsync(f.fileno())
             os.makedirs(os.path.dirname(path), exist_ok=True)
             os.replace(tmp, path)
-            self._verified[path] = (8 + len(header), size)
+            if remember:
+                self._remember(path, (8 + len(header), size))
         except BaseException:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
             raise
         with self._mutex:
-            self._approx_bytes += size
+            self._approx_bytes += 8 + len(header) + size
+            self._delta += 8 + len(header) + size
+            self._writes += 1
             over = self._approx_bytes > self.max_bytes
+            sync = self._writes % _SYNC_EVERY == 0
         if over:
             self.evict(int(self.max_bytes * _LOW_WATERMARK))
+        elif sync:
+            self._sync_usage()
         return True
+
+    # ------------------------------------------------------------------ usage
+    def _read_usage(self) -> int | None:
+        try:
+            with open(self._usage) as f:
+                return max(0, int(json.load(f)["bytes"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def _write_usage(self, used: int) -> None:
+        tmp = f"{self._usage}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            json.dump({"bytes": int(used)}, f)
+        os.replace(tmp, self._usage)
+
+    def _sync_usage(self) -> None:
+        """Adds what this process wrote since the last sync to the shared usage file."""
+        if not self._delta:
+            return
+        with self._locked():
+            with self._mutex:
+                delta, self._delta = self._delta, 0
+            used = self._read_usage()
+            if used is None:
+                used = self._scan_usage()[1]
+            else:
+                used = max(0, used + delta)
+            self._write_usage(used)
+            with self._mutex:
+                self._approx_bytes = used + self._delta
 
     def contains(self, bucket: str, meta: ObjectMeta) -> bool:
         """Whether a verified entry for ``meta`` is cached."""
@@ -435,6 +548,8 @@ class DiskCache:
                 freed += size
             with self._mutex:
                 self._approx_bytes = total - freed
+                self._delta = 0
+            self._write_usage(total - freed)
         if freed:
             logger.debug("Evicted %d bytes from %s.", freed, self.root)
         return freed
@@ -454,6 +569,9 @@ class DiskCache:
             self._remove_stale_temp()
             with self._mutex:
                 self._approx_bytes = 0
+                self._delta = 0
+            self._write_usage(0)
+            self._verified.clear()
 
 
 class WriteFailures:

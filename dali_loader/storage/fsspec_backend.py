@@ -34,19 +34,34 @@ class FsspecBackend:
     def _path(self, name: str) -> str:
         return self.fs._strip_protocol(f"{self.scheme}://{self.bucket}/{name}".rstrip("/"))
 
+    def _row(self, path: str, d: dict) -> tuple[str, int, str, str | None, str | None]:
+        name = path[len(self._path("")):].lstrip("/")
+        gen = next((d[k] for k in ("generation", "VersionId", "ETag", "etag", "mtime",
+                                   "LastModified", "last_modified", "created") if d.get(k)), "")
+        return name, int(d.get("size") or 0), str(gen), d.get("crc32c"), d.get("md5Hash")
+
     def iter_objects(self, prefix: str) -> Iterator[tuple[str, int, str, str | None, str | None]]:
-        root = self._path(prefix)
+        """Every object under ``prefix``: ``(name, size, generation, crc32c, md5)``."""
+        for path, d in sorted(self.fs.find(self._path(prefix), withdirs=False, detail=True).items()):
+            yield self._row(path, d)
+
+    def list_level(self, prefix: str) -> tuple[list[tuple[str, int, str, str | None, str | None]], list[str]]:
+        """The objects right under ``prefix`` and its sub-prefixes (full names, ending in '/')."""
+        rows, subs = [], []
         bucket_root = self._path("")
-        for path, d in sorted(self.fs.find(root, withdirs=False, detail=True).items()):
-            name = path[len(bucket_root):].lstrip("/")
-            gen = next((d[k] for k in ("generation", "VersionId", "ETag", "etag", "mtime",
-                                       "LastModified", "last_modified", "created") if d.get(k)), "")
-            yield name, int(d.get("size") or 0), str(gen), d.get("crc32c"), d.get("md5Hash")
+        try:
+            entries = self.fs.ls(self._path(prefix), detail=True)
+        except FileNotFoundError:  # nothing under the prefix: the caller says so
+            return [], []
+        for e in entries:
+            if e.get("type") == "directory":
+                subs.append(e["name"].rstrip("/")[len(bucket_root):].lstrip("/") + "/")
+            else:
+                rows.append(self._row(e["name"], e))
+        return rows, subs
 
     def iter_dirs(self, prefix: str) -> list[str]:
-        root = self._path(prefix)
-        entries = self.fs.ls(root, detail=True)
-        return [e["name"].rstrip("/").rsplit("/", 1)[-1] for e in entries if e.get("type") == "directory"]
+        return [p[len(prefix):].strip("/") for p in self.list_level(prefix)[1]]
 
     def download(self, info: ObjectInfo) -> bytes:
         return self.fs.cat_file(self._path(info.name))

@@ -86,19 +86,44 @@ class GCSBackend:
         return listing_error(exc, url=url, bucket=self.bucket_name, endpoint=self.client.api_endpoint,
                              credentials=getattr(self.client, "_credentials", None), elapsed=elapsed)
 
+    def _pages(self, prefix: str, delimiter: str | None = None) -> Iterator[dict]:
+        """The JSON pages of one listing (1000 objects each, the API's maximum).
+
+        The JSON API straight through the client's connection (its credentials,
+        endpoint and retry), asking only for the fields the loader keeps: no
+        ``Blob`` object per listed object, about half the client CPU of ``list_blobs``.
+        """
+        params = {"maxResults": 1000, "projection": "noAcl", "fields": _LIST_FIELDS}
+        if prefix:
+            params["prefix"] = prefix
+        if delimiter:
+            params["delimiter"] = delimiter
+        path = "/b/" + urllib.parse.quote(self.bucket_name, safe="") + "/o"
+        while True:
+            page = self.client._connection.api_request(
+                method="GET", path=path, query_params=params, timeout=self.timeout, retry=list_retry())
+            yield page
+            token = page.get("nextPageToken")
+            if not token:
+                return
+            params["pageToken"] = token
+
     def iter_objects(self, prefix: str) -> Iterator[tuple[str, int, str, str | None, str | None]]:
-        blobs = self.client.list_blobs(
-            self.bucket, prefix=prefix or None, page_size=1000, timeout=self.timeout, retry=list_retry(),
-            fields="items(name,size,generation,crc32c,md5Hash),nextPageToken")
-        for b in blobs:
-            yield b.name, int(b.size or 0), str(b.generation or ""), b.crc32c, b.md5_hash
+        """Every object under ``prefix``: ``(name, size, generation, crc32c, md5)``."""
+        for page in self._pages(prefix):
+            yield from _rows(page)
+
+    def list_level(self, prefix: str) -> tuple[list[tuple[str, int, str, str | None, str | None]], list[str]]:
+        """One delimiter listing: the objects right under ``prefix`` and its sub-prefixes (full names)."""
+        rows: list[tuple[str, int, str, str | None, str | None]] = []
+        subs: list[str] = []
+        for page in self._pages(prefix, "/"):
+            rows += _rows(page)
+            subs += page.get("prefixes", ())
+        return rows, subs
 
     def iter_dirs(self, prefix: str) -> list[str]:
-        it = self.client.list_blobs(self.bucket, prefix=prefix or None, delimiter="/", page_size=1000,
-                                    timeout=self.timeout, retry=list_retry(), fields="items(name),prefixes,nextPageToken")
-        for _ in it:  # consuming the pages fills it.prefixes
-            pass
-        return [p[len(prefix):].rstrip("/") for p in it.prefixes]
+        return [p[len(prefix):].rstrip("/") for p in self.list_level(prefix)[1]]
 
     def download(self, info: ObjectInfo) -> bytes:
         if self.media_via == "urllib3":
@@ -147,6 +172,15 @@ class GCSBackend:
     def close(self) -> None:
         self._pool.clear()
         self.client.close()
+
+
+_LIST_FIELDS = "items(name,size,generation,crc32c,md5Hash),prefixes,nextPageToken"
+
+
+def _rows(page: dict) -> list[tuple[str, int, str, str | None, str | None]]:
+    """A listing page's objects as ``(name, size, generation, crc32c, md5)`` tuples."""
+    return [(o["name"], int(o.get("size") or 0), o.get("generation") or "", o.get("crc32c"), o.get("md5Hash"))
+            for o in page.get("items", ())]
 
 
 def list_retry():

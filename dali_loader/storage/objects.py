@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import dataclasses
+from typing import NamedTuple
 
 
 class ObjectFetchError(IOError):
@@ -14,9 +14,8 @@ class ObjectFetchError(IOError):
         self.reason = reason
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class ObjectInfo:
-    """One object of a listing.
+class ObjectInfo(NamedTuple):
+    """One object of a listing (a named tuple: a listing of a million is made in a fraction of a second).
 
     Attributes:
         rel: name relative to the prefix, '/'-separated (ends with '/' for a

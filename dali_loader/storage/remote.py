@@ -28,11 +28,12 @@ from dali_loader.args import positive_int
 from dali_loader.errors import StorageError
 from dali_loader.storage.cache import DiskCache, WriteFailures, checksum_problem
 from dali_loader.storage.objects import ObjectFetchError, ObjectInfo
-from dali_loader.storage.urls import parse_url, unsafe_reason
+from dali_loader.storage.urls import parse_url, suspect, unsafe_reason
 
 logger = logging.getLogger(__name__)
 
 _MAX_WARNED = 20
+LIST_THREADS = 32  # concurrent prefix listings (each a sequential chain of pages)
 
 
 def _describe(exc: BaseException) -> str:
@@ -72,6 +73,7 @@ class RemoteSource:
         self._max_pending = max_pending_writes
         self._pending: dict[tuple[str, str], bytes] = {}  # queued writes, served from memory
         self._checked = False
+        self.manifest_used: float | None = None  # the manifest's creation time, when the listing came from one
 
     @contextlib.contextmanager
     def _listing(self) -> Iterator[None]:
@@ -110,42 +112,87 @@ class RemoteSource:
                     raise self._empty_error()
         self._checked = True
 
-    def list_objects(self) -> list[ObjectInfo]:
+    def list_objects(self, manifest: str = "off") -> list[ObjectInfo]:
         """Every object under the prefix (all pages), sorted by name.
 
         Includes ``"dir/"`` placeholder objects (``rel`` ends with '/'). Names that
         are unusable as dataset paths are dropped with a warning naming them.
+        The listing runs one prefix per first-level folder, concurrently
+        (:meth:`list_rows`). ``manifest`` (``storage.manifest.MANIFEST_MODES``):
+        ``"use"`` takes the listing from the manifest in the cache directory when
+        there is one (logged, with how to refresh it) and writes it otherwise;
+        ``"refresh"`` lists and rewrites it; ``"off"`` neither reads nor writes it.
+        ``manifest_used`` is then the manifest's creation time, or None.
 
         Raises:
             StorageError: the endpoint is unreachable, the credentials are refused,
                 the bucket does not exist, or no object exists under the prefix.
         """
-        self.check()
+        from dali_loader.storage import manifest as mf
+
+        mf.check_manifest_mode(manifest)
+        path = mf.manifest_path(self.cache.root, self.url) if self.cache is not None and manifest != "off" else None
+        loaded = mf.load_manifest(path, self.url) if path is not None and manifest == "use" else None
+        self.manifest_used = None
+        if loaded is not None:
+            rows, created = loaded
+            self.manifest_used = created
+            logger.info("%s: using the listing manifest written %s (%d objects; objects added since are "
+                           "not seen). To list again, pass manifest=\"refresh\" or run `dali-loader cache "
+                           "manifest %s`.", self.url, mf.describe_age(created), len(rows), self.url)
+        else:
+            rows = self.list_rows()
         out: list[ObjectInfo] = []
         dropped: list[tuple[str, str]] = []
         n = len(self._list_prefix)
-        seen = 0
-        with self._listing():
-            for name, size, gen, crc, md5 in self._backend.iter_objects(self._list_prefix):
-                seen += 1
-                rel = name[n:]
-                if not rel:
-                    continue  # the placeholder of the prefix itself
-                reason = unsafe_reason(rel)
-                if reason:
-                    dropped.append((name, reason))
-                    continue
-                out.append(ObjectInfo(rel, name, size, gen, crc, md5, self.bucket, self.scheme))
-        if not seen:
+        bucket, scheme = self.bucket, self.scheme
+        for name, size, gen, crc, md5 in rows:
+            rel = name[n:]
+            if not rel:
+                continue  # the placeholder of the prefix itself
+            reason = unsafe_reason(rel) if suspect(rel) else None  # one search for most names
+            if reason:
+                dropped.append((name, reason))
+                continue
+            out.append(ObjectInfo(rel, name, size, gen, crc, md5, bucket, scheme))
+        if not rows:
             raise self._empty_error()
+        if path is not None and loaded is None:
+            try:
+                mf.save_manifest(path, self.url, rows)
+            except OSError as e:  # a read-only or full cache disk must not stop training
+                logger.warning("Could not write the listing manifest %s: %s", path, e)
         for name, reason in dropped[:_MAX_WARNED]:
             logger.warning("Skipping %s://%s/%r: unusable as a dataset path (%s).",
                            self.scheme, self.bucket, name, reason)
         if len(dropped) > _MAX_WARNED:
             logger.warning("Skipped %d more objects with unusable names under %s.",
                            len(dropped) - _MAX_WARNED, self.url)
-        out.sort(key=lambda o: o.name)
+        if any(a.name > b.name for a, b in zip(out, out[1:])):  # rows come sorted; a manifest edited by hand may not
+            out.sort(key=lambda o: o.name)
         return out
+
+    def list_rows(self, parallel: int = LIST_THREADS) -> list[tuple[str, int, str, str | None, str | None]]:
+        """The backend's listing rows ``(name, size, generation, crc32c, md5)``, sorted by name.
+
+        With ``parallel`` > 1 and a backend that lists one level (``list_level``):
+        one delimiter listing of the prefix, then each sub-prefix listed whole
+        on ``parallel`` threads, so the wall time approaches pages x latency /
+        ``parallel``. A flat prefix (no sub-folders) is that one listing.
+        """
+        self.check()
+        level = getattr(self._backend, "list_level", None)
+        with self._listing():
+            if parallel <= 1 or level is None:
+                rows = list(self._backend.iter_objects(self._list_prefix))
+            else:
+                rows, subs = level(self._list_prefix)
+                if subs:
+                    with cf.ThreadPoolExecutor(min(parallel, len(subs)), thread_name_prefix="list") as pool:
+                        for part in pool.map(lambda p: list(self._backend.iter_objects(p)), subs):
+                            rows += part
+        rows.sort()
+        return rows
 
     def list_class_dirs(self) -> list[str]:
         """First-level "directories" under the prefix (sorted, without slashes).

@@ -61,6 +61,10 @@ class Source:
         self._local_caches: list = []  # at most one, closed with the source
         self._finalizer = weakref.finalize(self, _close, remote, self._local_caches)
 
+    def forget_listing(self) -> None:
+        """Drops `rel_files` once an index holds the paths (about 80 bytes per file)."""
+        self.rel_files = []
+
     @property
     def join(self):
         """Joins a root and name parts: `posixpath.join` for URLs, else `os.path.join`."""
@@ -162,8 +166,10 @@ def open_source(
     cache_max_bytes: int | None = None,
     max_in_flight: int = 64,
     labels_inferred: bool = True,
+    manifest: str = "use",
 ) -> Source:
-    """Lists a local folder or a remote prefix.
+    """Lists a local folder or a remote prefix (with `manifest`, see
+    `RemoteSource.list_objects`; local folders are always walked).
 
     Raises:
         FileNotFoundError: the local folder does not exist.
@@ -174,17 +180,18 @@ def open_source(
         remote = open_remote(directory, cache_dir=cache_dir, cache_max_bytes=cache_max_bytes,
                              max_in_flight=max_in_flight)
         try:
-            infos = remote.list_objects()
+            infos = remote.list_objects(manifest)
         except BaseException:
             remote.close()
             raise
         objects = {}
         rel_files = []
+        base = remote.url + "/"
         for info in infos:
             if info.rel.endswith("/"):
                 continue  # a folder placeholder object
             rel_files.append(info.rel)
-            objects[posixpath.join(remote.url, info.rel)] = info
+            objects[base + info.rel] = info
         subdirs = sorted({i.rel.split("/", 1)[0] for i in infos if "/" in i.rel})
         return Source(remote.url, rel_files, subdirs, SourceKind.REMOTE, remote, objects)
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 
 _SCHEME_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)://")
+_CONTROL = re.compile("[\x00-\x1f\x7f]")
+_BAD_CHAR = re.compile("[\x00-\x1f\x7f\\\\]")
 
 
 def is_remote(path: object) -> bool:
@@ -28,17 +30,25 @@ def parse_url(url: str) -> tuple[str, str, str]:
     return scheme, bucket, prefix.strip("/")
 
 
+def suspect(rel: str) -> bool:
+    """Cheap: False for most names, and for none that `unsafe_reason` rejects."""
+    return (rel[:1] in "/." or rel.endswith("/") or "//" in rel or "/." in rel
+            or _BAD_CHAR.search(rel) is not None)
+
+
 def unsafe_reason(rel: str) -> str | None:
     """Why ``rel`` (a '/'-separated name under the prefix) is unusable as a dataset path."""
     body = rel[:-1] if rel.endswith("/") else rel
+    if not suspect(rel):
+        return None
     if rel.startswith("/"):
         return "absolute or empty leading segment"
-    segments = body.split("/")
-    if any(s == "" for s in segments):
+    wrapped = f"/{body}/"
+    if "//" in wrapped:
         return "empty path segment ('//')"
-    if any(s in (".", "..") for s in segments):
+    if "/./" in wrapped or "/../" in wrapped:
         return "'.' or '..' segment"
-    if any(ord(c) < 32 or c == "\x7f" for c in body):
+    if _CONTROL.search(body):
         return "control character"
     if "\\" in body:
         return "backslash (ambiguous path separator)"

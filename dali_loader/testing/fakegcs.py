@@ -133,10 +133,11 @@ class FakeGCS:
             if self.objects.pop(name, None) is not None:
                 self._names_dirty = True
 
-    def add_synthetic(self, n: int, prefix: str = "synthetic/", size: int = 32) -> None:
-        """Add ``n`` small deterministic objects (for large listings)."""
+    def add_synthetic(self, n: int, prefix: str = "synthetic/", size: int = 32, classes: int = 10) -> None:
+        """Add ``n`` small deterministic objects in ``classes`` folders (for large listings)."""
         for i in range(n):
-            name = f"{prefix}class{i % 10}/img{i:07d}.png"
+            name = f"{prefix}class{i % classes:04d}/img{i:07d}.png" if classes != 10 else \
+                f"{prefix}class{i % 10}/img{i:07d}.png"
             self.put(name, (hashlib.sha256(name.encode()).digest() * (size // 32 + 1))[:size])
 
     def sorted_names(self) -> list[str]:
@@ -241,6 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--bucket", default="b")
     p.add_argument("--prefix", default="", help="object-name prefix for the files of --root")
     p.add_argument("--synthetic", type=int, default=0, help="add N small synthetic objects")
+    p.add_argument("--classes", type=int, default=10, help="class folders of the synthetic objects")
     p.add_argument("--port", type=int, default=0)
     for field in dataclasses.fields(Faults):
         p.add_argument("--" + field.name.replace("_", "-"), type=type(field.default), default=field.default)
@@ -251,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         server = FakeGCS(args.bucket, faults=faults)
     if args.synthetic:
-        server.add_synthetic(args.synthetic)
+        server.add_synthetic(args.synthetic, classes=args.classes)
     with server.start(args.port):
         sys.stdout.write(f"FAKEGCS_URL {server.endpoint}\n")
         sys.stdout.flush()

@@ -52,7 +52,15 @@ from dali_loader.decode.tf_kernels import (
 from dali_loader.errors import CorruptImageError
 from dali_loader.feed.checks import DEFAULT_MAX_PIXELS, size_problem
 from dali_loader.feed.epochs import Feed
-from dali_loader.feed.items import CheckedBytes, Paths, Pinned, PinnedOrBytes, RawBytes, read_bytes
+from dali_loader.feed.items import (
+    CheckedBytes,
+    OpenEntry,
+    Paths,
+    Pinned,
+    PinnedOrBytes,
+    RawBytes,
+    read_bytes,
+)
 from dali_loader.feed.ready import ReadyBytes, ReadyCache, ReadyPinned
 from dali_loader.index import Index
 from dali_loader.lazy import import_tf
@@ -131,7 +139,7 @@ def make_loader(source: Source, index: Index, spec: ImageSpec, *, batch_size: in
         # (CPU operators only) would not.
         raw_pngs = pixels is not None and not (device == "gpu" and _has_jpeg(index))
         if gpu_ready:
-            items = ReadyBytes(ready)
+            items = ReadyBytes(ready, index.paths)
         elif raw_pngs:
             items = RawOrCheckedItems(source, pixels)
         else:
@@ -144,7 +152,7 @@ def make_loader(source: Source, index: Index, spec: ImageSpec, *, batch_size: in
         return DaliBatches(feed, spec, device=device, num_threads=num_threads,
                            device_id=device_id, input=input)
     if gpu_ready is not None:  # whole batches of entries, resized as one tensor
-        return Feed(index, ReadyPinned(ready), chunk_size=batch_size, **kw)
+        return Feed(index, ReadyPinned(ready, index.paths), chunk_size=batch_size, **kw)
     if pixels is not None:  # whole batches of pixels decoded on the feed's threads
         # Decoded pixels wait in the read-ahead window: one batch, not two.
         return Feed(index, PixelItems(source, pixels), chunk_size=batch_size,
@@ -423,37 +431,32 @@ def _pooled_empty(tf, nbytes: int) -> np.ndarray:
 
 
 class _OpenEntry:
-    """A raw entry opened once: its shape from the header, then its pixels read
-    into a caller's buffer (a pinned file), or copied from its bytes; or pixels
-    decoded on the feed's threads (`png_stage.PixelItems`), copied."""
+    """A raw entry: its shape from the header, then its pixels read into a
+    caller's buffer (an open entry, `OpenEntry`, read in place; the reader's
+    release closes it), or copied from its bytes; or pixels decoded on the
+    feed's threads (`png_stage.PixelItems`), copied."""
 
     def __init__(self, item):
-        self.file = None
+        self.fd = None
         if isinstance(item, np.ndarray):
             self.pixels, self.shape = item, item.shape
             return
-        if isinstance(item, Pinned):
-            self.file = open(item.file, "rb")  # noqa: SIM115 - closed by read_into/close
-            self.file.seek(item.offset)
-            head = self.file.read(RAW_HEADER)
+        if isinstance(item, OpenEntry):
+            self.fd, self.at = item.fd, item.offset + RAW_HEADER
+            head = os.pread(self.fd, RAW_HEADER, item.offset)
             self.pixels = None
         else:
             head, self.pixels = item[:RAW_HEADER], decode_raw(item)
         self.shape = raw_shape(head)
 
     def read_into(self, out: np.ndarray) -> None:
-        if self.file is None:
+        if self.fd is None:
             out[:] = self.pixels.reshape(-1)
-            return
-        try:
-            if self.file.readinto(memoryview(out)) != out.size:
-                raise OSError(f"short read of the cache entry {self.file.name}")
-        finally:
-            self.close()
+        elif os.preadv(self.fd, [memoryview(out)], self.at) != out.size:
+            raise OSError(f"short read of a GPU-ready cache entry (descriptor {self.fd})")
 
     def close(self) -> None:
-        if self.file is not None:
-            self.file.close()
+        pass
 
 
 def _ready_layout(sizes: np.ndarray) -> tuple[np.ndarray, int]:

@@ -71,6 +71,14 @@ def add_parsers(subparsers) -> None:
                        help="evict least-recently-used objects down to this size instead of everything")
     add_verbose_flag(clean)
     clean.set_defaults(func=run_cache_clean)
+    man = csub.add_parser("manifest", help="list URL again and (re)write its listing manifest",
+                          description="List gs://bucket/prefix (one prefix per folder, concurrently) and "
+                                      "write the listing manifest that image_dataset_from_directory "
+                                      "(manifest=\"use\", the default) starts from.")
+    man.add_argument("url", help="gs://bucket/prefix (or another fsspec URL)")
+    _add_cache_dir(man)
+    add_verbose_flag(man)
+    man.set_defaults(func=run_cache_manifest)
 
 
 def _add_cache_dir(p: argparse.ArgumentParser) -> None:
@@ -92,7 +100,7 @@ def run_prefetch(args: argparse.Namespace) -> int:
     start = time.monotonic()
     with open_remote(args.url, cache_dir=args.cache_dir, cache_max_bytes=args.cache_max_bytes,
                      max_in_flight=args.max_in_flight) as source:
-        objects = [o for o in source.list_objects() if not o.rel.endswith("/")]
+        objects = [o for o in source.list_objects(manifest="refresh") if not o.rel.endswith("/")]
         total = sum(o.size for o in objects)
         if total > source.cache.max_bytes:
             logger.warning("The data (%d bytes) is larger than the cache bound (%d bytes): the first "
@@ -149,7 +157,7 @@ def _prefetch_ready(args: argparse.Namespace) -> int:
     form = args.form
     channels = channels_for(args.color_mode)
     start = time.monotonic()
-    src, index = open_index(args.url, labels=None, shuffle=False, cache_dir=args.cache_dir,
+    src, index = open_index(args.url, labels=None, shuffle=False, cache_dir=args.cache_dir, manifest="refresh",
                             cache_max_bytes=args.cache_max_bytes, max_in_flight=args.max_in_flight)
     png = resolve_png_decoder(args.png_decoder, device="cpu", decoder=None, gpu_ready=None)
     # Decodes run on the pool's threads, at most one per core at once (Wuffs frees the GIL).
@@ -194,6 +202,21 @@ def run_cache_info(args: argparse.Namespace) -> int:
     s = DiskCache(args.cache_dir).stats()
     sys.stdout.write(f"cache: {s.root}\nobjects: {s.objects}\nbytes: {s.bytes}\n"
                      f"temp files: {s.temp_files}\ndefault bound: {s.max_bytes} bytes\n")
+    return 0
+
+
+@cli_command("cache manifest")
+def run_cache_manifest(args: argparse.Namespace) -> int:
+    """List a URL and rewrite its listing manifest."""
+    from dali_loader.storage.manifest import manifest_path
+    from dali_loader.storage.remote import open_remote
+
+    start = time.monotonic()
+    with open_remote(args.url, cache_dir=args.cache_dir) as source:
+        objects = [o for o in source.list_objects(manifest="refresh") if not o.rel.endswith("/")]
+        where = manifest_path(source.cache.root, source.url)
+    sys.stdout.write(f"{source.url}: {len(objects)} objects listed in {time.monotonic() - start:.1f} s; "
+                     f"manifest {where}\n")
     return 0
 
 

@@ -1,0 +1,240 @@
+"""Scale benchmark: construction, first batch, epoch start, feed ceiling and memory per file
+at 10k-300k local files, and gs:// listing of 100k objects (issue 23).
+
+Local: N tiny 8x8 PNGs in 100 class folders on tmpfs (/dev/shm), so that decoding is
+nearly free and what is left is each loader's own cost. Each loader runs in a fresh
+process: keras.utils.image_dataset_from_directory, this project's CPU default, and this
+project with the GPU-ready cache (`gpu_ready=True`: one filling epoch, then cached epochs).
+Per process: construction time, first batch, the start of a later epoch (iterator to
+first batch), the feed ceiling of a whole later epoch (images/s, and process CPU ms per
+image: both cores' time), and resident memory per file after construction and after
+each epoch (RSS growth over the process's baseline with TF imported, divided by N).
+
+gs://: the fake GCS server (`dali_loader.testing.fakegcs`) in its own process, 100k
+objects in 100 class prefixes, 1000 per page, at 0, 20 and 50 ms per request. Per
+latency, in fresh processes: a bare sequential `list_blobs(page_size=1000)`; this
+project's listing alone (`RemoteSource.list_objects`, client CPU per object); the first
+`image_dataset_from_directory` (lists, writes the manifest); and a new process's
+construction from the manifest.
+
+    .venv/bin/python benchmarks/bench_scale.py                       # everything (~15 min on 2 cores)
+    .venv/bin/python benchmarks/bench_scale.py --sizes 10000 --no-gcs   # a quick look
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, ROOT)
+
+CLASSES = 100
+BATCH = 128
+CHILD_TIMEOUT = 900
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+
+def rss() -> int:
+    """Resident bytes of this process."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def settled_rss() -> int:
+    import gc
+
+    gc.collect()
+    return rss()
+
+
+def cpu() -> float:
+    t = os.times()
+    return t.user + t.system
+
+
+# ------------------------------------------------------------------- local data
+def make_tree(root: str, n: int) -> None:
+    """N 8x8 PNGs (a few distinct ones) in CLASSES folders."""
+    import numpy as np
+    from PIL import Image
+    import io
+
+    rng = np.random.default_rng(0)
+    blobs = []
+    for _ in range(16):
+        buf = io.BytesIO()
+        Image.fromarray(rng.integers(0, 255, (8, 8, 3), np.uint8)).save(buf, format="PNG")
+        blobs.append(buf.getvalue())
+    for c in range(CLASSES):
+        os.makedirs(os.path.join(root, f"class_{c:03d}"), exist_ok=True)
+    for i in range(n):
+        with open(os.path.join(root, f"class_{i % CLASSES:03d}", f"img_{i:07d}.png"), "wb") as f:
+            f.write(blobs[i % len(blobs)])
+
+
+# ---------------------------------------------------------------------- children
+def child_local(kind: str, n: int, data: str, cache: str, out: str) -> None:
+    """One loader over the local tree: construction, first batch, epochs."""
+    import tensorflow as tf  # noqa: F401 - imported before the baseline
+
+    import keras
+
+    from tf_adapter import image_dataset_from_directory as ours
+
+    kw = dict(image_size=(8, 8), batch_size=BATCH, seed=0, verbose=False)
+    base = settled_rss()
+    t = time.perf_counter()
+    if kind == "keras":
+        ds = keras.utils.image_dataset_from_directory(data, **kw)
+    elif kind == "ours":
+        ds = ours(data, **kw)
+    else:
+        ds = ours(data, gpu_ready=True, cache_dir=cache, **kw)
+    res = {"kind": kind, "n": n, "construct_s": time.perf_counter() - t}
+    res["bytes_per_file_built"] = (settled_rss() - base) / n
+    epochs = []
+    for e in range(3 if kind == "ours_ready" else 2):
+        t, c = time.perf_counter(), cpu()
+        it = iter(ds)
+        next(it)
+        first = time.perf_counter() - t
+        count = BATCH + sum(int(x.shape[0]) for x, _ in it)
+        wall, used = time.perf_counter() - t, cpu() - c
+        del it
+        epochs.append({"first_batch_s": first, "img_s": count / wall, "cpu_ms_img": 1e3 * used / count,
+                       "images": count, "bytes_per_file": (settled_rss() - base) / n})
+    res["epochs"] = epochs
+    with open(out, "w") as f:
+        json.dump(res, f)
+
+
+def child_gcs(kind: str, url: str, cache: str, out: str) -> None:
+    """One listing of the fake server's bucket (STORAGE_EMULATOR_HOST is set)."""
+    import tensorflow as tf  # noqa: F401 - imported before timing
+
+    from dali_loader.storage.gcs import make_client
+    from dali_loader.storage.remote import open_remote
+    from tf_adapter import image_dataset_from_directory as ours
+
+    bucket, _, prefix = url[len("gs://"):].partition("/")
+    client = make_client()
+    next(iter(client.list_blobs(bucket, max_results=1)), None)  # connect, authorise
+    t, c = time.perf_counter(), cpu()
+    if kind == "list_blobs":
+        n = sum(1 for _ in client.list_blobs(bucket, prefix=prefix + "/", page_size=1000))
+    elif kind == "ours_list":
+        with open_remote(url, cache_dir=cache) as src:
+            n = len(src.list_objects(manifest="off"))
+    else:
+        ds = ours(url, image_size=(8, 8), verbose=False, cache_dir=cache,
+                  manifest="refresh" if kind == "ours_first" else "use")
+        n = len(ds.file_paths)
+    wall, used = time.perf_counter() - t, cpu() - c
+    with open(out, "w") as f:
+        json.dump({"kind": kind, "objects": n, "s": wall, "cpu_us_obj": 1e6 * used / max(n, 1)}, f)
+
+
+def run_child(args: list[str], env: dict | None = None) -> dict:
+    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
+        out = f.name
+    try:
+        subprocess.run([sys.executable, os.path.abspath(__file__), "--child", *args, out], check=True,
+                       timeout=CHILD_TIMEOUT, cwd=ROOT, env={**os.environ, **(env or {})})
+        with open(out) as f:
+            return json.load(f)
+    finally:
+        os.unlink(out)
+
+
+# ------------------------------------------------------------------------ parent
+def bench_local(sizes: list[int], base: str) -> None:
+    print(f"\n## Local: tiny 8x8 PNGs on tmpfs, {CLASSES} classes, batch {BATCH}; fresh process per loader")
+    print(f"{'N':>7} {'loader':<11} {'build_s':>7} {'1st_b_s':>7} {'start_s':>7} {'img/s':>7} "
+          f"{'cpu_ms':>7} {'B/file':>7} {'B/file after epochs':<24}")
+    for n in sizes:
+        data, cache = os.path.join(base, f"data{n}"), os.path.join(base, f"cache{n}")
+        t = time.perf_counter()
+        make_tree(data, n)
+        print(f"  (made {n} files in {time.perf_counter() - t:.1f} s)", flush=True)
+        rows = {}
+        for kind in ("keras", "ours", "ours_ready"):
+            r = rows[kind] = run_child(["local", kind, str(n), data, cache])
+            last = r["epochs"][-1]
+            print(f"{n:>7} {kind:<11} {r['construct_s']:7.2f} {r['epochs'][0]['first_batch_s']:7.3f} "
+                  f"{last['first_batch_s']:7.3f} {last['img_s']:7.0f} {last['cpu_ms_img']:7.3f} "
+                  f"{r['bytes_per_file_built']:7.0f} "
+                  f"{' / '.join('%.0f' % e['bytes_per_file'] for e in r['epochs']):<24}", flush=True)
+        k, o, g = rows["keras"], rows["ours"], rows["ours_ready"]
+        print(f"{n:>7} ratios: construction ours/keras {o['construct_s'] / k['construct_s']:.2f}; CPU per image "
+              f"ours/keras {o['epochs'][-1]['cpu_ms_img'] / k['epochs'][-1]['cpu_ms_img']:.2f}, cached "
+              f"gpu_ready/keras {g['epochs'][-1]['cpu_ms_img'] / k['epochs'][-1]['cpu_ms_img']:.2f}", flush=True)
+        shutil.rmtree(data, ignore_errors=True)
+        shutil.rmtree(cache, ignore_errors=True)
+
+
+def bench_gcs(objects: int, latencies: list[float], base: str) -> None:
+    print(f"\n## gs://: {objects} objects in {CLASSES} prefixes, 1000 per page, fake server in its own process")
+    print(f"{'latency':>7} {'list_blobs_s':>12} {'ours_list_s':>11} {'first_build_s':>13} {'manifest_s':>10} "
+          f"{'first/bare':>10} {'cpu_us/obj bare':>15} {'ours':>6}")
+    for lat in latencies:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "dali_loader.testing.fakegcs", "--synthetic", str(objects),
+             "--classes", str(CLASSES), "--latency", str(lat)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT)
+        try:
+            line = server.stdout.readline()
+            endpoint = line.split()[1]
+            env = {"STORAGE_EMULATOR_HOST": endpoint}
+            cache = os.path.join(base, f"gcs-cache-{lat}")
+            url = "gs://b/synthetic"
+            r = {k: run_child(["gcs", k, url, cache], env) for k in
+                 ("list_blobs", "ours_list", "ours_first", "ours_manifest")}
+            assert len({v["objects"] for v in r.values()}) == 1, r
+            bare = r["list_blobs"]["s"]
+            print(f"{lat * 1e3:5.0f}ms {bare:12.2f} {r['ours_list']['s']:11.2f} {r['ours_first']['s']:13.2f} "
+                  f"{r['ours_manifest']['s']:10.2f} {r['ours_first']['s'] / bare:10.2f} "
+                  f"{r['list_blobs']['cpu_us_obj']:15.1f} {r['ours_list']['cpu_us_obj']:6.1f}", flush=True)
+        finally:
+            server.stdin.close()
+            server.wait(timeout=30)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--child"]:
+        if argv[1] == "local":
+            child_local(argv[2], int(argv[3]), *argv[4:7])
+        else:
+            child_gcs(*argv[2:6])
+        return 0
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--sizes", default="10000,100000,300000", help="local file counts")
+    ap.add_argument("--objects", type=int, default=100_000, help="gs:// objects")
+    ap.add_argument("--latencies", default="0,0.02,0.05", help="seconds per request")
+    ap.add_argument("--no-local", action="store_true")
+    ap.add_argument("--no-gcs", action="store_true")
+    ap.add_argument("--tmp", default="/dev/shm" if os.path.isdir("/dev/shm") else None)
+    args = ap.parse_args(argv)
+    print("$", " ".join([os.path.relpath(sys.executable, ROOT), os.path.relpath(__file__, ROOT)] + argv))
+    print(f"cores: {len(os.sched_getaffinity(0))}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+    base = tempfile.mkdtemp(prefix="dali-scale-", dir=args.tmp)
+    try:
+        if not args.no_local:
+            bench_local([int(s) for s in args.sizes.split(",")], base)
+        if not args.no_gcs:
+            bench_gcs(args.objects, [float(x) for x in args.latencies.split(",")], base)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
