@@ -28,6 +28,7 @@ from dali_loader.decode.dali_graph import Input, build_pipeline, probe_decode
 from dali_loader.decode.png_batches import PngBatches
 from dali_loader.decode.spec import ImageSpec
 from dali_loader.errors import BadFileError, CorruptImageError
+from dali_loader.exiting import exiting, track
 from dali_loader.feed.epochs import Chunk, Feed, FeedEpoch
 
 logger = logging.getLogger(__name__)
@@ -162,6 +163,7 @@ class DaliBatches:
         pipe = build_pipeline(slot, self.spec, self.batch_size, gpu=self.device == "gpu",
                               device_id=self.device_id, num_threads=self.num_threads,
                               input=self.input)
+        track(pipe, pipeline=True)  # shut down before DALI's own exit hook runs
         return pipe, slot
 
     def _checkout(self) -> tuple[object, _Slot]:
@@ -194,7 +196,7 @@ class DaliBatches:
         self.epoch_setup_seconds.append(time.perf_counter() - t0)
         clean = False
         try:
-            while True:
+            while not exiting():  # at exit the epoch ends (dali_loader.exiting)
                 try:
                     (out,) = pipe.run()
                 except StopIteration:
@@ -202,14 +204,17 @@ class DaliBatches:
                 except BadFileError:
                     raise
                 except Exception as err:  # DALI's pipeline died on some file
+                    if exiting():
+                        return  # its feed stopped: nothing to blame, no pipeline to build
                     if self.input is Input.PIXELS:
                         raise  # DALI decoded nothing: no file to blame
                     pipe, slot = self._recover(err, slot, epoch)
                     continue
                 chunk = slot.in_flight.popleft()
                 yield self._to_numpy(out), epoch.labels(chunk.positions)
-            pipe.reset()
-            clean = True
+            if not exiting():
+                pipe.reset()
+                clean = True
         finally:
             epoch.close()
             slot.start(None)
