@@ -12,6 +12,7 @@ it, cancels its reads and releases what it holds.
 from __future__ import annotations
 
 import collections
+import concurrent.futures as cf
 import functools
 import logging
 import threading
@@ -24,6 +25,7 @@ import numpy as np
 
 from dali_loader.args import positive_int
 from dali_loader.errors import BadFileError, CorruptImageError
+from dali_loader.exiting import exiting, track
 from dali_loader.feed.order import epoch_order, shard_of, shard_size
 from dali_loader.feed.policy import EpochErrors, SkipReport, check_on_error
 from dali_loader.feed.readahead import ReadAhead
@@ -108,6 +110,7 @@ class Feed:
         if source is not None:
             source.acquire()
         self._finalizer = weakref.finalize(self, _release, self._reader, source)
+        track(self)  # its reads stop when the interpreter exits
         # Per epoch, bounded: set-up before the first chunk is asked for.
         self.epoch_setup_seconds: collections.deque[float] = collections.deque(maxlen=1000)
         # Per finished epoch, bounded: {"epoch": n, "files": good items handed
@@ -257,10 +260,20 @@ class FeedEpoch:
         """Up to `size` (default: the feed's chunk size) good items, or None at
         the end. A bad file goes to `errors` (raised, or recorded and left out)."""
         size = size or self._feed.chunk_size
+        if exiting():
+            return None
         if self._feed.closed:
             raise RuntimeError("The dataset was closed while an epoch was running.")
         items, positions = [], []
-        for pos, result in self._results:
+        while not exiting():  # at exit the epoch ends here (dali_loader.exiting)
+            try:
+                pos, result = next(self._results)
+            except StopIteration:
+                break
+            except (cf.CancelledError, RuntimeError):  # the read pool stopped at exit
+                if exiting():
+                    return None
+                raise
             if isinstance(result, MemoryError):  # one file's read or decode: its error
                 result = CorruptImageError(self._paths[pos], "out of memory while reading or "
                                            "decoding it (see max_pixels)")

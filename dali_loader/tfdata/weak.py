@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import weakref
 
+from dali_loader.exiting import call_guarded
+
 
 def weakly(obj, method: str, default):
     """`obj.method`, called through a weak reference.
@@ -13,11 +15,15 @@ def weakly(obj, method: str, default):
     a function that held the loader would keep its pools, cache pins and DALI
     pipelines forever. The dataset object holds the loader instead; every
     dataset derived from it, and every iterator, keeps it alive.
+
+    Each call (and each step of a generator it returns) is counted as a call
+    from TF in flight, and a generator ends when the interpreter exits
+    (`dali_loader.exiting`).
     """
     ref = weakref.ref(obj)
 
     def call(*args):
         target = ref()
-        return default() if target is None else getattr(target, method)(*args)
+        return default() if target is None else call_guarded(getattr(target, method), *args)
 
     return call
