@@ -91,15 +91,21 @@ def test_an_open_entry_survives_eviction_by_another_process(id_tree, tmp_path):
 
     src, index = open_index(str(id_tree), shuffle=False, cache_dir=str(tmp_path))
     with src:
-        reader = ReadyPinned(ready_cache(src, ReadyForm.RAW, 3), index.paths)
-        entries = [reader(i) for i in range(len(index))]  # filled: bytes
-        assert not any(isinstance(e, OpenEntry) for e in entries)
+        ready = ready_cache(src, ReadyForm.RAW, 3)
+        reader = ReadyPinned(ready, index.paths)
+        first = [reader(i) for i in range(len(index))]  # filled, then opened like a hit
+        assert all(isinstance(e, OpenEntry) for e in first) and ready.fills == len(index)
+        entries = [os.pread(e.fd, os.fstat(e.fd).st_size - e.offset, e.offset) for e in first]
+        for e in first:
+            reader.release(e)
         held = [reader(i) for i in range(len(index))]
-        assert all(isinstance(h, OpenEntry) for h in held)
+        assert all(isinstance(h, OpenEntry) for h in held) and ready.hits == len(index)
         other = DiskCache(str(tmp_path))
         assert other.evict(0) > 0 and other.stats().objects == 0
         for h, e in zip(held, entries):
             size = os.fstat(h.fd).st_size - h.offset
             assert os.pread(h.fd, size, h.offset) == e  # read whole, after the eviction
             reader.release(h)
-        assert isinstance(reader(0), (bytes, memoryview))  # gone now: filled again (its bytes)
+        again = reader(0)  # gone now: filled again
+        assert isinstance(again, OpenEntry) and ready.fills == len(index) + 1
+        reader.release(again)

@@ -13,8 +13,9 @@ GIL is released while Wuffs works, at most `num_threads` at once:
 - `PixelItems`: item reader for the TF path: pixels (the dataset resizes each
   batch; nothing is decoded in the graph).
 - `RawOrCheckedItems`: item reader for the DALI path: a PNG becomes a raw pixel
-  entry (`ready_forms.ReadyForm.RAW`) that DALI only reshapes; other files stay
-  checked bytes that DALI decodes (JPEG with nvJPEG on a GPU).
+  entry (`ready_forms.ReadyForm.RAW`) that DALI only reshapes; other files, and
+  PNGs over `RAW_MAX_PIXELS`, stay checked bytes that DALI decodes (JPEG with
+  nvJPEG on a GPU).
 A file TF rejects raises `CorruptImageError` naming it: the feed's `on_error`.
 """
 
@@ -30,7 +31,7 @@ from dali_loader.decode import png_cpu
 from dali_loader.decode.ready_forms import encode_raw
 from dali_loader.decode.tf_kernels import pixels_like_keras
 from dali_loader.errors import CorruptImageError
-from dali_loader.feed.checks import DEFAULT_MAX_PIXELS, prepare, size_problem, sniff
+from dali_loader.feed.checks import DEFAULT_MAX_PIXELS, image_size, prepare, size_problem, sniff
 from dali_loader.feed.items import read_bytes
 from dali_loader.lazy import import_tf
 
@@ -143,6 +144,18 @@ class PixelItems:
         pass
 
 
+# PNGs above this many pixels go to DALI's own decoder on the DALI path: their raw
+# entry would be a second and third copy of the pixels (the decoder's, the entry,
+# DALI's), where DALI decodes into its own buffer once. Measured: one 20000x20000 PNG
+# under an 8 GiB address-space limit (tests/test_hostile.py).
+RAW_MAX_PIXELS = 1 << 26
+
+
+def _huge(data: bytes) -> bool:
+    size = image_size(data)
+    return size is not None and size[0] * size[1] > RAW_MAX_PIXELS
+
+
 class RawOrCheckedItems(PixelItems):
     """Item reader for the DALI path: a PNG as a raw pixel entry (Keras's pixels,
     nothing left to decode), any other file as checked bytes for DALI's decoder
@@ -150,7 +163,7 @@ class RawOrCheckedItems(PixelItems):
 
     def __call__(self, path: str, tally=None) -> bytes:
         data = read_bytes(self.source, path)
-        if data[:8] == png_cpu.SIGNATURE:
+        if data[:8] == png_cpu.SIGNATURE and not _huge(data):
             return encode_raw(self.pixels(data, path, tally))
         data = prepare(data, path, rgba=self.pixels.channels == 4,
                        max_pixels=self.pixels.max_pixels)

@@ -103,9 +103,11 @@ class ReadyCache:
             return data
         return self.fill(path, tally)
 
-    def fill(self, path: str, tally=None, store: bool = True) -> bytes:
+    def fill(self, path: str, tally=None, store: bool = True,
+             read_back: bool = True) -> bytes | None:
         """Reads and decodes `path` on the CPU, stores its entry (unless not
-        `store`), returns its bytes.
+        `store`), returns its bytes (None when it was stored and not `read_back`:
+        the caller opens the entry itself).
 
         The decoded pixels are written as they are and dropped before the entry
         is read back, so a large image is held once (never pixels and entry)."""
@@ -129,6 +131,8 @@ class ReadyCache:
         if not stored:
             return join_parts(parts)
         del parts
+        if not read_back:
+            return None
         entry = self.cache.get(self.namespace, meta, remember=False, view=True, alloc=self.alloc)
         # Evicted at once (a cache smaller than its working set): decoded again, not stored.
         return entry if entry is not None else self.fill(path, tally, store=False)
@@ -224,8 +228,17 @@ class ReadyPinned:
     def __call__(self, pos: int, tally=None) -> OpenEntry | bytes:
         item = self.table.open(pos)
         if item is None:
-            return self.ready.fill(self.table.paths[pos], tally)
-        self.ready.count("hits", tally)
+            # Filled, then opened like a hit: the pixels are read once, from the file
+            # into the batch (a large image is never held twice).
+            path = self.table.paths[pos]
+            data = self.ready.fill(path, tally, read_back=False)
+            if data is not None:  # not stored (changed while read, a full or read-only cache)
+                return data
+            item = self.table.open(pos)
+            if item is None:  # evicted at once: decoded again, not stored
+                return self.ready.fill(path, tally, store=False)
+        else:
+            self.ready.count("hits", tally)
         if hasattr(os, "posix_fadvise"):
             try:
                 os.posix_fadvise(item.fd, item.offset, 0, os.POSIX_FADV_WILLNEED)
@@ -257,7 +270,11 @@ class ReadyBytes:
             return self.ready.fill(self.table.paths[pos], tally)
         try:
             size = os.fstat(item.fd).st_size - item.offset
-            data = os.pread(item.fd, size, item.offset)
+            if self.ready.alloc is None:
+                data = os.pread(item.fd, size, item.offset)
+            else:  # into the decoder's pooled memory: a large entry does not add a copy
+                buf = memoryview(self.ready.alloc(size)).cast("B")
+                data = buf[:os.preadv(item.fd, [buf], item.offset)]
         except OSError as e:
             raise UnreadableFileError(self.table.paths[pos], f"reading its cache entry failed ({e})") from None
         finally:
