@@ -124,7 +124,7 @@ def open_dataset(
     by `cache_max_bytes`): each file is decoded on the CPU once, when its entry
     is filled; `ds._dali_loader.epoch_stats` counts the CPU decodes per epoch.
     `png_decoder` picks who decodes PNGs (`png_stage.resolve_png_decoder`;
-    None: Wuffs where installed, else libpng).
+    None: libpng each epoch, Wuffs for GPU-ready cache fills).
     """
     from dali_loader.lazy import import_tf
     from dali_loader.tfdata.dataset import make_loader, to_tf_dataset

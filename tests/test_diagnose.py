@@ -149,8 +149,9 @@ def test_verdict_uses_the_png_decoder_that_runs():
     assert f["png_decoder"] == "libpng" and f["decode_bounds"] == v["decode_bounds"]
     assert f["stage_rates_with_loader"]["decode"] == pytest.approx(libpng)
     assert f["expected_loader_img_s"] == pytest.approx(libpng)
-    assert ('This loader decodes PNGs with libpng (runs: png_decoder="libpng"): the default, '
-            "Wuffs, would decode 680 img/s") in " ".join(f["advice"])
+    assert ('This loader decodes PNGs with libpng (runs: png_decoder="libpng"): Wuffs '
+            '(png_decoder="wuffs"; the default for gpu_ready fills) decodes 680 img/s'
+            ) in " ".join(f["advice"])
     r = _flat(format_report(forced))
     assert 'libpng (runs: png_decoder="libpng"): 286 img/s; Wuffs: 494 img/s' in r
     assert "PNG decoder: libpng)" in r and "(64 in flight), libpng decode" in r
@@ -160,10 +161,11 @@ def test_verdict_uses_the_png_decoder_that_runs():
     p = verdict(plain)
     assert p["png_decoder"] == "libpng" and p["decode_bounds"]["wuffs"] is None
     assert p["wuffs_vs_libpng"] is None
-    assert "Wuffs, about twice libpng's speed" in " ".join(p["advice"])
+    assert "Wuffs (exactly TF's pixels; the default for gpu_ready fills) is not installed" in (
+        " ".join(p["advice"]))
     r = _flat(format_report(plain))
     assert "decode, Wuffs not installed" in r
-    assert "decode+resize libpng (runs: Wuffs is not installed): 286 img/s" in r
+    assert "decode+resize libpng (runs by default): 286 img/s" in r
 
     with pytest.raises(ValueError, match="Received: wuffs_all_cores=None"):
         verdict(_m(png_decoder="wuffs"))
@@ -258,8 +260,8 @@ def test_run_measures_both_decoders(tmp_path, monkeypatch):
     Image.fromarray(np.zeros((24, 32, 3), np.uint8)).save(
         os.path.join(root, "c0", "key.png"), transparency=(0, 0, 0))
     if png_cpu.available():
-        m = run_diagnose(root, sample=6, **FAST)
-        assert m.png_decoder == "wuffs" and m.png_decoder_option is None
+        m = run_diagnose(root, sample=6, png_decoder="wuffs", **FAST)
+        assert m.png_decoder == "wuffs" and m.png_decoder_option == "wuffs"
         assert m.wuffs_per_core > 0 and m.wuffs_all_cores > 0
         assert (m.sample_pngs, m.png_fallbacks) == (6, 1)
         v = verdict(m)

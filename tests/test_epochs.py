@@ -167,8 +167,8 @@ def test_feed_epochs_come_in_chunks(id_tree, kind):
             assert list(c.items) == [idx.paths[p] for p in c.positions]
     with pytest.raises(ValueError, match="chunk_size=0"):
         Feed(idx, items, chunk_size=0)
-    tf_path = ours(str(id_tree), image_size=(8, 8), batch_size=64, decoder="tf",
-                   png_decoder="libpng")
+    tf_path = ours(str(id_tree), image_size=(8, 8), batch_size=64, decoder="tf")
     assert tf_path._dali_loader.chunk_size == 16
     # With Wuffs the feed decodes: whole batches of pixels, resized as one tensor.
-    assert ours(str(id_tree), image_size=(8, 8), batch_size=64)._dali_loader.chunk_size == 64
+    assert ours(str(id_tree), image_size=(8, 8), batch_size=64,
+                png_decoder="wuffs")._dali_loader.chunk_size == 64

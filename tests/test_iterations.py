@@ -20,7 +20,7 @@ from tf_adapter import image_dataset_from_directory as ours  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
 
-DECODERS = ["tf", "dali", "tf-libpng"]  # tf-libpng: TF decodes PNGs in the graph (audited)
+DECODERS = ["tf", "dali", "tf-wuffs"]  # tf-wuffs: Wuffs decodes PNGs on the feed's threads
 ON_ERROR = ["raise", "skip"]
 
 
@@ -31,7 +31,7 @@ def ids(batch) -> list[int]:
 
 def decoding(decoder: str) -> dict:
     """The options of a DECODERS entry."""
-    return dict(decoder="tf", png_decoder="libpng") if decoder == "tf-libpng" else dict(
+    return dict(decoder="tf", png_decoder="wuffs") if decoder == "tf-wuffs" else dict(
         decoder=decoder)
 
 
@@ -96,9 +96,9 @@ def test_many_abandoned_iterators_leave_nothing_behind(id_tree, decoder):
         del it
     gc.collect()
     time.sleep(0.2)
-    if decoder == "tf":  # every abandoned epoch was closed (its reads stopped)
+    if decoder == "tf-wuffs":  # every abandoned epoch was closed (its reads stopped)
         assert len(loader.epoch_tallies) >= 30
-    elif decoder == "tf-libpng":
+    elif decoder == "tf":
         assert len(ds._dali_audits) <= 1  # no auditor per abandoned iterator
     else:
         assert len(loader._idle) <= 2  # abandoned epochs drop their pipelines

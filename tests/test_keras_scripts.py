@@ -25,9 +25,9 @@ from helpers import batch_counter  # noqa: E402
 from tf_adapter import image_dataset_from_directory as ours  # noqa: E402
 
 PATHS = {
-    "tf": dict(decoder="tf"),  # PNGs decoded by Wuffs on the feed's threads
-    "tf-libpng": dict(decoder="tf", png_decoder="libpng"),  # TF decodes in the graph (audited)
-    "dali-libpng": dict(decoder="dali", handoff="plugin", png_decoder="libpng"),
+    "tf": dict(decoder="tf"),  # TF decodes in the graph (audited)
+    "tf-wuffs": dict(decoder="tf", png_decoder="wuffs"),  # Wuffs on the feed's threads
+    "dali-wuffs": dict(decoder="dali", handoff="plugin", png_decoder="wuffs"),
     "tf-cached": dict(decoder="tf", gpu_ready=True),
     "dali-generator": dict(decoder="dali", handoff="generator"),
     "dali-generator-cached": dict(decoder="dali", handoff="generator", gpu_ready=True),

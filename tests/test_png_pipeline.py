@@ -143,10 +143,10 @@ def test_generator_handoff_is_picked_and_default_is_off(id_tree):
                            png_gpu=True) is Handoff.GENERATOR
     ds = ours(str(id_tree), decoder="dali", png_decoder="gpu", handoff="generator", **KW)
     assert ds._dali_loader.input is Input.PIXELS and ds._dali_loader.png.device == "cpu"
-    off = ours(str(id_tree), decoder="dali", **KW)  # Wuffs decodes PNGs before DALI
-    assert off._dali_loader.input is Input.FILES_OR_RAW and off._dali_loader.png is None
-    libpng = ours(str(id_tree), decoder="dali", png_decoder="libpng", **KW)
-    assert libpng._dali_loader.input is Input.FILES and libpng._dali_loader.png is None
+    off = ours(str(id_tree), decoder="dali", **KW)  # DALI decodes the files
+    assert off._dali_loader.input is Input.FILES and off._dali_loader.png is None
+    wuffs = ours(str(id_tree), decoder="dali", png_decoder="wuffs", **KW)  # PNGs before DALI
+    assert wuffs._dali_loader.input is Input.FILES_OR_RAW and wuffs._dali_loader.png is None
 
 
 def test_cpu_without_the_simulator_refused(monkeypatch):

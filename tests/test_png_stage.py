@@ -95,7 +95,7 @@ def test_every_file_once_with_its_label_keras_pixels(trees, png_trees, decoder, 
     mixed, clean = png_trees if color_mode == "rgba" else trees
     ref = _reference(clean, color_mode)
     ds = ours(str(mixed), color_mode=color_mode, image_size=SIZE, batch_size=5, shuffle=True,
-              seed=3, on_error="skip", decoder=decoder, verbose=False)
+              seed=3, on_error="skip", decoder=decoder, verbose=False, png_decoder="wuffs")
     loader = ds._dali_loader
     items = loader.feed.items if decoder else loader.items
     assert isinstance(items, RawOrCheckedItems if decoder else PixelItems)
@@ -124,10 +124,13 @@ def test_every_file_once_with_its_label_keras_pixels(trees, png_trees, decoder, 
     assert stats["png_fast"] >= 10
 
 
-def test_png_decoder_libpng_keeps_tfs_own_path(trees):
+@pytest.mark.parametrize("png_decoder", [None, "libpng"])
+def test_png_decoder_libpng_keeps_tfs_own_path(trees, png_decoder):
+    """libpng each epoch by default: TF's kernels decode in the graph (faster end to
+    end than Wuffs on the feed's threads, docs/png_cpu.md)."""
     mixed, clean = trees
     ds = ours(str(clean), image_size=SIZE, batch_size=4, shuffle=False, verbose=False,
-              png_decoder="libpng")
+              png_decoder=png_decoder)
     assert isinstance(ds._dali_loader.items, Paths)
     ref = _reference(clean, "rgb")
     got = np.concatenate([x.numpy() for x, _ in ds])
@@ -135,7 +138,7 @@ def test_png_decoder_libpng_keeps_tfs_own_path(trees):
     assert "png_fast" not in ds._dali_loader.epoch_stats[-1]
 
 
-def test_png_decoder_arguments(trees, monkeypatch, caplog):
+def test_png_decoder_arguments(trees, monkeypatch, caplog, tmp_path):
     mixed, clean = trees
     with pytest.raises(ValueError, match="Received: png_decoder='fast'"):
         ours(str(clean), png_decoder="fast", verbose=False)
@@ -146,9 +149,12 @@ def test_png_decoder_arguments(trees, monkeypatch, caplog):
         ours(str(clean), png_decoder="wuffs", verbose=False)
     monkeypatch.setattr(png_stage, "_said_missing", png_stage.threading.Event())
     with caplog.at_level(logging.WARNING, logger="dali_loader.decode.png_stage"):
-        for _ in range(2):  # said once
-            ds = ours(str(clean), image_size=SIZE, verbose=False)
-            assert isinstance(ds._dali_loader.items, Paths)
+        ds = ours(str(clean), image_size=SIZE, verbose=False)  # libpng: nothing to say
+        assert isinstance(ds._dali_loader.items, Paths)
+        for i in range(2):  # a GPU-ready cache fills with libpng instead: said once
+            ds = ours(str(clean), image_size=SIZE, verbose=False, gpu_ready=True,
+                      cache_dir=str(tmp_path / str(i)))
+            assert not isinstance(ds._dali_loader.items.ready.decode, KerasPixels)
     said = [r for r in caplog.records if "Wuffs" in r.getMessage()]
     assert len(said) == 1 and "libpng" in said[0].getMessage()
 
@@ -187,6 +193,6 @@ def test_gpu_folder_with_jpegs_keeps_dalis_decoder(trees, png_trees):
         src, index = open_index(str(mixed))
         with src:
             loader = make_loader(src, index, spec, batch_size=4, shuffle=False, seed=0,
-                                 device="gpu")
+                                 device="gpu", png_decoder="wuffs")
             assert loader.input is input and type(loader.feed.items) is items
             loader.close()

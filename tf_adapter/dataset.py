@@ -292,9 +292,8 @@ def image_dataset_from_directory(
             "The tf.data service's workers run a pure TF graph: PNGs are decoded by TF's "
             'libpng there. Pass png_decoder=None (or "libpng") with `service`. '
             f"Received: png_decoder={png_decoder!r}, service={service!r}")
-    png_decoder = resolve_png_decoder(png_decoder, device=device, decoder=decoder,
-                                      gpu_ready=gpu_ready)
-    png_gpu = png_decoder is PngDecoder.GPU
+    png_gpu = resolve_png_decoder(png_decoder, device=device, decoder=decoder,
+                                  gpu_ready=gpu_ready) is PngDecoder.GPU
     if gpu_ready is ReadyForm.TIFF and device == "gpu" and not TIFF_GPU_DECODE_VERIFIED:
         logger.warning(
             'gpu_ready="tiff": whether DALI decodes these TIFFs on the GPU is unverified; on a '

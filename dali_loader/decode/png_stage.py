@@ -1,9 +1,9 @@
-"""Which PNG decoder runs, and the CPU decode stage that runs the fast one.
+"""Which PNG decoder runs, and the CPU decode stage that runs Wuffs.
 
-`png_decoder` picks who decodes PNGs (`PngDecoder`): Wuffs (`png_cpu`), exactly
-TF's pixels and about twice libpng's speed where it is installed, the default;
-libpng as before (TF's kernels on the CPU path, DALI's nvImageCodec on the DALI
-path); or the batched GPU decoder (`png_batches`, experimental).
+`png_decoder` picks who decodes PNGs (`PngDecoder`): libpng (TF's kernels on the
+CPU path, DALI's nvImageCodec on the DALI path), the default each epoch; Wuffs
+(`png_cpu`), exactly TF's pixels, the default for GPU-ready cache fills, where it
+was faster (docs/png_cpu.md); or the batched GPU decoder (`png_batches`).
 
 With Wuffs, every file is decoded on the feed's read-ahead threads, where the
 GIL is released while Wuffs works, at most `num_threads` at once:
@@ -41,7 +41,7 @@ logger = logging.getLogger(__name__)
 class PngDecoder(str, enum.Enum):
     """Who decodes PNG files."""
 
-    WUFFS = "wuffs"  # png_cpu: Wuffs on the CPU, TF's pixels, the default where installed
+    WUFFS = "wuffs"  # png_cpu: Wuffs on the feed's threads, TF's pixels
     LIBPNG = "libpng"  # TF's decode_png on the TF path, nvImageCodec inside DALI
     GPU = "gpu"  # the batched GPU decoder (png_batches; experimental, off by default)
 
@@ -51,20 +51,15 @@ _said_missing = threading.Event()
 
 
 def resolve_png_decoder(png_decoder, *, device: str, decoder: str | None, gpu_ready) -> PngDecoder:
-    """The `PngDecoder` for these options; None picks Wuffs where it is installed
-    (else libpng, said once). Raises on a combination that cannot be served."""
+    """The `PngDecoder` of the pipeline (what decodes each epoch's PNGs). None picks
+    libpng: TF's kernels and DALI's decoder were faster end to end than Wuffs on the
+    feed's threads (docs/png_cpu.md, measured). Raises on a combination that cannot
+    be served, or on "wuffs" where it is not installed."""
     if png_decoder not in PNG_DECODERS and not isinstance(png_decoder, PngDecoder):
-        raise ValueError('`png_decoder` must be None (Wuffs where installed, else libpng), '
-                         '"wuffs", "libpng" or "gpu" (the batched GPU decoder, experimental). '
-                         f"Received: png_decoder={png_decoder!r}")
+        raise ValueError('`png_decoder` must be None (libpng each epoch, Wuffs for GPU-ready '
+                         'cache fills), "wuffs", "libpng" or "gpu" (the batched GPU decoder, '
+                         f"experimental). Received: png_decoder={png_decoder!r}")
     if png_decoder is None:
-        if png_cpu.available():
-            return PngDecoder.WUFFS
-        if not _said_missing.is_set():
-            _said_missing.set()
-            logger.warning("The fast PNG decoder (Wuffs) is not installed: PNGs are decoded by "
-                           "libpng, about half as fast. `make install` builds it "
-                           "(pip install pywuffs==2.0.1).")
         return PngDecoder.LIBPNG
     png_decoder = PngDecoder(png_decoder)
     if png_decoder is PngDecoder.WUFFS and not png_cpu.available():
@@ -82,6 +77,26 @@ def resolve_png_decoder(png_decoder, *, device: str, decoder: str | None, gpu_re
             raise ValueError('png_decoder="gpu" and `gpu_ready` cannot be combined: the GPU-ready '
                              "cache already decodes every file once. Received: "
                              f"png_decoder='gpu', gpu_ready={form!r}")
+    return png_decoder
+
+
+def fill_png_decoder(png_decoder) -> PngDecoder:
+    """Who decodes the PNGs a GPU-ready cache fills (once per file, on the feed's
+    threads): None picks Wuffs where it is installed (faster there, measured; else
+    libpng, said once); "wuffs" or "libpng" as asked."""
+    if png_decoder is None:
+        if png_cpu.available():
+            return PngDecoder.WUFFS
+        if not _said_missing.is_set():
+            _said_missing.set()
+            logger.warning("The fast PNG decoder (Wuffs) is not installed: the GPU-ready cache "
+                           "is filled with libpng, about 0.8x as fast. `make install` builds it "
+                           "(pip install pywuffs==2.0.1).")
+        return PngDecoder.LIBPNG
+    png_decoder = PngDecoder(png_decoder)
+    if png_decoder is PngDecoder.WUFFS and not png_cpu.available():
+        raise ImportError('png_decoder="wuffs" needs Wuffs\' Python bindings: '
+                          "pip install pywuffs==2.0.1 (`make install` builds it).")
     return png_decoder
 
 

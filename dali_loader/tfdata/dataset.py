@@ -33,6 +33,7 @@ from dali_loader.decode.png_stage import (
     PixelItems,
     PngDecoder,
     RawOrCheckedItems,
+    fill_png_decoder,
     resolve_png_decoder,
 )
 from dali_loader.decode.spec import ImageSpec
@@ -109,11 +110,12 @@ def make_loader(source: Source, index: Index, spec: ImageSpec, *, batch_size: in
     `gpu_ready` (a `ReadyForm`, see `ready_forms.resolve_gpu_ready`) reads
     through the GPU-ready cache (`feed.ready`): each file is decoded on the CPU
     once; raw entries are then only reshaped (by TF's kernels or by DALI), TIFF
-    entries decoded by DALI. `png_decoder` (`png_stage.resolve_png_decoder`):
-    with Wuffs (the default where installed) every PNG is decoded on the
-    feed's threads (`png_stage`), the TF path resizes whole batches of pixels,
-    and DALI reshapes PNGs' raw pixels and decodes only the other files;
-    "libpng" keeps TF's or DALI's decoder; "gpu" (DALI path, no `gpu_ready`)
+    entries decoded by DALI, filled by Wuffs where installed unless
+    `png_decoder="libpng"`. `png_decoder` (`png_stage.resolve_png_decoder`):
+    None or "libpng" keeps TF's or DALI's decoder each epoch; with "wuffs"
+    every PNG is decoded on the feed's threads (`png_stage`), the TF path
+    resizes whole batches of pixels, and DALI reshapes PNGs' raw pixels and
+    decodes only the other files; "gpu" (DALI path, no `gpu_ready`)
     decodes each batch's PNGs with the batched GPU PNG decoder before DALI
     (`png_batches`), the other files with TF on the CPU; DALI only resizes.
     Every path refuses images whose header claims over `max_pixels` (None: no limit)."""
@@ -126,7 +128,10 @@ def make_loader(source: Source, index: Index, spec: ImageSpec, *, batch_size: in
     pixels = (KerasPixels(spec.channels, threads, max_pixels) if png is PngDecoder.WUFFS
               else None)
     if gpu_ready is not None:
-        ready = ready_cache(source, gpu_ready, spec.channels, pixels, max_pixels)
+        fill = fill_png_decoder(png_decoder)
+        filler = (pixels or KerasPixels(spec.channels, threads, max_pixels)
+                  if fill is PngDecoder.WUFFS else None)
+        ready = ready_cache(source, gpu_ready, spec.channels, filler, max_pixels)
     if png is PngDecoder.GPU:  # the decoder expands alpha itself: the byte checks only
         feed = Feed(index, CheckedBytes(source, max_pixels=max_pixels), chunk_size=batch_size,
                     **kw)

@@ -227,7 +227,7 @@ def png_decoder_list(png_decoder: str | Sequence[str] | None) -> list[str | None
     names = [png_decoder] if isinstance(png_decoder, str) else list(png_decoder)
     bad = [n for n in names if n not in PNG_DECODER_CHOICES]
     if bad or not names:
-        raise ValueError('png_decoder must be None (Wuffs where installed), "wuffs", "libpng" '
+        raise ValueError('png_decoder must be None (libpng), "wuffs", "libpng" '
                          f"or a list of them. Received: png_decoder={png_decoder!r}")
     return list(dict.fromkeys(names))
 
@@ -312,7 +312,7 @@ def run_bench(source: str, *, step_time: float = 0.0, batch_size: int = 128,
               png_decoder: str | Sequence[str] | None = None) -> dict[str, Any]:
     """Runs every pipeline ``rounds`` times, alternating (order reversed on odd rounds).
 
-    ``png_decoder``: the loader rows' PNG decoder (None: Wuffs where installed, else libpng),
+    ``png_decoder``: the loader rows' PNG decoder (None: libpng, the loader's default),
     or several ("wuffs", "libpng"): each loader row once per decoder.
 
     Returns:
@@ -476,7 +476,7 @@ def results_markdown(res: dict[str, Any]) -> str:
             which += ", as their names say"
         note += (" PNG decoder: seed and tuned decode with libpng (tf.io.decode_png); the loader "
                  "rows with " + which
-                 + (" (png_decoder's default: Wuffs where installed)" if asked is None else
+                 + (" (png_decoder's default: libpng)" if asked is None else
                     f" (--png-decoder {asked if isinstance(asked, str) else ' '.join(asked)})")
                  + "; a -cached row's decoder fills its cache.")
         for dev in ("cpu", "gpu"):

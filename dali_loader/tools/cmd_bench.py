@@ -38,8 +38,8 @@ def add_parsers(subparsers) -> argparse.ArgumentParser:
                         "also selects its per-decoder rows, loader-cpu-wuffs ...)")
     p.add_argument("--png-decoder", nargs="+", choices=("wuffs", "libpng"), default=None,
                    metavar="{wuffs,libpng}",
-                   help="the loader rows' PNG decoder (default: Wuffs where installed, else "
-                        "libpng); give both to run each loader row once per decoder "
+                   help="the loader rows' PNG decoder (default: libpng, the loader's default); "
+                        "give both to run each loader row once per decoder "
                         "(loader-cpu-wuffs, loader-cpu-libpng)")
     return p
 

@@ -147,7 +147,7 @@ def _prefetch_ready(args: argparse.Namespace) -> int:
     from dali_loader.api import open_index
     from dali_loader.decode.ready_forms import ReadyForm
     from dali_loader.decode.dali_graph import default_num_threads
-    from dali_loader.decode.png_stage import KerasPixels, PngDecoder, resolve_png_decoder
+    from dali_loader.decode.png_stage import KerasPixels, PngDecoder, fill_png_decoder
     from dali_loader.decode.spec import channels_for
     from dali_loader.errors import BadFileError
     from dali_loader.tfdata.dataset import ready_cache
@@ -159,7 +159,7 @@ def _prefetch_ready(args: argparse.Namespace) -> int:
     start = time.monotonic()
     src, index = open_index(args.url, labels=None, shuffle=False, cache_dir=args.cache_dir, manifest="refresh",
                             cache_max_bytes=args.cache_max_bytes, max_in_flight=args.max_in_flight)
-    png = resolve_png_decoder(args.png_decoder, device="cpu", decoder=None, gpu_ready=None)
+    png = fill_png_decoder(args.png_decoder)
     # Decodes run on the pool's threads, at most one per core at once (Wuffs frees the GIL).
     pixels = KerasPixels(channels, default_num_threads()) if png is PngDecoder.WUFFS else None
     with src:

@@ -8,11 +8,11 @@ bounds the pipeline. Reads are modelled at two concurrencies: ``cores`` in fligh
 
 Decode and resize are timed in a thread pool of one thread per core. PNG decode is timed twice:
 with libpng (TensorFlow's ``tf.io.decode_image``, what a tf.data pipeline like the seed's runs;
-Pillow when TF is not installed) and with Wuffs (``png_cpu.decode_png``, the loader's default
+Pillow when TF is not installed) and with Wuffs (``png_cpu.decode_png``, ``png_decoder="wuffs"``
 where ``pywuffs`` is installed: exactly TF's pixels, the GIL released while it decodes; the files
 it leaves to libpng, and non-PNG files, decoded by libpng as the loader does). PNG is always
 decoded on the CPU, DALI's GPU decoder included. The tf.data-style bounds use libpng; the
-loader's use the decoder it runs (``png_decoder``: Wuffs where installed, else libpng).
+loader's use the decoder it runs (``png_decoder``: libpng by default, or Wuffs).
 
 When decode bounds the pipeline, a cached epoch of the GPU-ready cache (``gpu_ready=True``) is
 timed too: the sample's raw-pixel entries (``ready_forms.encode_raw``, the TF path's form) read
@@ -74,7 +74,7 @@ class Measurements:
     cached_all_cores: float | None = None
     cached_object_bytes: float | None = None
     # The PNG decoder this loader runs ("wuffs" or "libpng"; decode_* above are libpng's), the
-    # option that picked it (None: the default, Wuffs where installed), Wuffs' rates (None: not
+    # option that picked it (None: the default, libpng), Wuffs' rates (None: not
     # installed), the sampled PNGs and how many of them Wuffs leaves to libpng.
     png_decoder: str = "libpng"
     png_decoder_option: str | None = None
@@ -140,8 +140,6 @@ def _runs_why(m: Measurements) -> str:
     """Why the loader's decoder is the one that runs: "runs by default", "runs, png_decoder=..."."""
     if m.png_decoder_option is not None:
         return f'runs: png_decoder="{m.png_decoder_option}"'
-    if m.png_decoder == "libpng":
-        return "runs: Wuffs is not installed"
     return "runs by default"
 
 
@@ -236,12 +234,14 @@ def _decoder_advice(m: Measurements, loader_cpu: float) -> str:
                      "libpng (decoded exactly as TF does, at libpng's speed)")
         return text + "."
     if m.wuffs_all_cores:
-        return (f"This loader decodes PNGs with libpng ({_runs_why(m)}): the default, Wuffs, "
-                f"would decode {m.wuffs_all_cores:,.0f} img/s on {m.cores} cores "
+        return (f"This loader decodes PNGs with libpng ({_runs_why(m)}): Wuffs "
+                f"(png_decoder=\"wuffs\"; the default for gpu_ready fills) decodes "
+                f"{m.wuffs_all_cores:,.0f} img/s on {m.cores} cores "
                 f"({m.wuffs_all_cores / m.decode_all_cores:.1f}x libpng; with resize "
-                f"~{_cpu_rate(m, 'wuffs'):,.0f} img/s), with exactly TF's pixels.")
-    return ("This loader decodes PNGs with libpng: the fast decoder (Wuffs, about twice "
-            "libpng's speed, exactly TF's pixels) is not installed; `make install` builds it "
+                f"~{_cpu_rate(m, 'wuffs'):,.0f} img/s), with exactly TF's pixels; end to end "
+                "it was slower on the feed's threads here (docs/png_cpu.md).")
+    return ("This loader decodes PNGs with libpng: Wuffs (exactly TF's pixels; the default for "
+            "gpu_ready fills) is not installed; `make install` builds it "
             "(pip install pywuffs==2.0.1).")
 
 
@@ -375,7 +375,7 @@ def _png_counts(blobs: Sequence[bytes]) -> tuple[int, int]:
 def _resolve_decoder(png_decoder: str | None) -> str:
     """The PNG decoder the loader runs for ``png_decoder`` ("wuffs" or "libpng")."""
     if png_decoder not in (None, "wuffs", "libpng"):
-        raise ValueError('png_decoder must be None (Wuffs where installed), "wuffs" or "libpng". '
+        raise ValueError('png_decoder must be None (libpng), "wuffs" or "libpng". '
                          f"Received: png_decoder={png_decoder!r}")
     from dali_loader.decode.png_stage import resolve_png_decoder
 
@@ -486,7 +486,7 @@ def run_diagnose(source: str, *, step_time: float = 0.0, batch_size: int = 32,
         device: loader device (None = auto).
         budget_s: minimum seconds per decode/resize timing.
         seed: picks the sample.
-        png_decoder: the loader's PNG decoder: None (Wuffs where installed, else libpng),
+        png_decoder: the loader's PNG decoder: None (libpng),
             "wuffs" or "libpng". Both are timed whenever Wuffs is installed; the loader's
             bounds use this one.
 
