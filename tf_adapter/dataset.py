@@ -234,19 +234,20 @@ def image_dataset_from_directory(
             batches (docs/service.md). Combines with the CPU options only
             (decoder None or "tf"; not DALI, `gpu_ready`, `handoff` or
             `input_context`).
-        png_decoder: Who decodes PNGs. None: Wuffs where it is installed
-            (`make install` builds it; else libpng, said once), "wuffs": Wuffs,
-            faster than libpng (1.3x measured here) and exactly TF's pixels (the files it
-            does not reproduce go to TF's decoder, counted in `epoch_stats`),
-            on every path but the tf.data service (TF's graph); on the DALI
-            path PNGs enter DALI as pixels, other files are decoded by DALI.
-            "libpng": TF's decoder on the CPU path, DALI's (nvImageCodec) on
-            the DALI path. "gpu": the batched GPU PNG decoder (nvCOMP + CUDA
-            kernels; unverified on a GPU, experimental), the other files by TF
-            on the CPU, DALI only resizes; needs the DALI path (device="gpu",
-            or decoder="dali" on the CPU, where its kernels run under
-            numba-cuda's simulator), the generator handoff and no `gpu_ready`.
-            docs/png_cpu.md, docs/png_gpu.md.
+        png_decoder: Who decodes PNGs. None: libpng each epoch (TF's kernels
+            on the CPU path, DALI's nvImageCodec on the DALI path: faster end
+            to end here), and Wuffs for the GPU-ready cache's fills where it is
+            installed (`make install` builds it; else libpng, said once).
+            "wuffs": Wuffs on every path but the tf.data service (TF's graph),
+            1.1-1.3x libpng's decode and exactly TF's pixels (the files it does
+            not reproduce go to TF's decoder, counted in `epoch_stats`); on the
+            DALI path PNGs enter DALI as pixels, other files are decoded by
+            DALI. "libpng": TF's decoder, or DALI's, everywhere. "gpu": the
+            batched GPU PNG decoder (nvCOMP + CUDA kernels; unverified on a
+            GPU, experimental), the other files by TF on the CPU, DALI only
+            resizes; needs the DALI path (device="gpu", or decoder="dali" on
+            the CPU, where its kernels run under numba-cuda's simulator), the
+            generator handoff and no `gpu_ready`. docs/png_cpu.md, docs/png_gpu.md.
         max_pixels: Refuse an image whose header claims more pixels than
             this (2**30 by default: 32768x32768), as a bad file naming it,
             before any decoder allocates it; None: no limit.
