@@ -13,8 +13,8 @@ decodes per epoch (the seed and tuned pipelines decode every image on the CPU; t
 them in ``epoch_stats``), and the cached rows the cache's bytes per image and against the source's.
 
 Every row names its PNG decoder (``png_decoder``): libpng for the seed and tuned pipelines
-(``tf.io.decode_png``); for the loader rows the one ``png_decoder`` resolves to (Wuffs where
-installed, else libpng; a cached row's decoder fills its cache). Given several decoders
+(``tf.io.decode_png``); for the loader rows the one ``png_decoder`` resolves to (libpng by
+default; a cached row's is the one that fills its cache: Wuffs where installed). Given several decoders
 (``png_decoder=["wuffs", "libpng"]``), each loader row runs once per decoder, named
 ``loader-cpu-wuffs``, ``loader-cpu-libpng`` (and their ``-cached`` twins).
 """
@@ -245,7 +245,7 @@ def _pipelines(source: str, batch_size: int, image_size: Sequence[int],
     each loader row runs once per decoder, its name suffixed (``loader-cpu-libpng``); ``include``
     matches either name.
     """
-    from dali_loader.decode.png_stage import resolve_png_decoder
+    from dali_loader.decode.png_stage import fill_png_decoder, resolve_png_decoder
     from dali_loader.tools.baselines import seed_pipeline, tuned_pipeline
 
     decoders = png_decoder_list(png_decoder)
@@ -277,8 +277,9 @@ def _pipelines(source: str, batch_size: int, image_size: Sequence[int],
                 try:
                     from dali_loader.api import open_dataset
 
-                    used[name] = resolve_png_decoder(png, device=dev, decoder=None,
-                                                     gpu_ready=None).value
+                    # A cached row's decoder is the one that fills its cache.
+                    used[name] = (fill_png_decoder(png) if ready else resolve_png_decoder(
+                        png, device=dev, decoder=None, gpu_ready=None)).value
                     # What image_dataset_from_directory builds: PNGs decoded by
                     # `png_decoder`, the resize by TF's kernels on the CPU, DALI on the
                     # GPU; the loader does the I/O either way. Cached: through the
@@ -473,10 +474,11 @@ def results_markdown(res: dict[str, Any]) -> str:
         asked = res.get("png_decoder")
         which = " and ".join(dict.fromkeys(DECODER_NAMES.get(d, d) for d in decoders.values()))
         if len(set(decoders.values())) > 1:
-            which += ", as their names say"
+            which += ", as their PNG decoder column says"
         note += (" PNG decoder: seed and tuned decode with libpng (tf.io.decode_png); the loader "
                  "rows with " + which
-                 + (" (png_decoder's default: libpng)" if asked is None else
+                 + (" (png_decoder's default: libpng each epoch, Wuffs for cache fills)"
+                    if asked is None else
                     f" (--png-decoder {asked if isinstance(asked, str) else ' '.join(asked)})")
                  + "; a -cached row's decoder fills its cache.")
         for dev in ("cpu", "gpu"):
