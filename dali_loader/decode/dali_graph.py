@@ -200,8 +200,9 @@ def image_graph(dali, encoded, spec: ImageSpec, gpu: bool, input: Input = Input.
         img = decode_ready(dali, encoded, spec.channels, gpu)
     elif input is Input.FILES_OR_RAW:
         # A per-sample branch (enable_conditionals) of CPU operators only, then the
-        # copy to the GPU: DALI's conditionals documentation shows CPU branches; a
-        # `mixed` decoder inside one is not documented, so the loader does not put
+        # copy to the GPU: DALI's conditionals documentation shows CPU branches
+        # (https://docs.nvidia.com/deeplearning/dali/user-guide/docs/examples/general/conditionals.html);
+        # a `mixed` decoder inside one is not documented, so the loader does not put
         # this input on a GPU for folders with JPEGs (`tfdata.dataset.make_loader`).
         if _is_raw(dali, encoded):
             img = raw_pixels(dali, encoded)
