@@ -60,12 +60,14 @@ def trim_freed_memory() -> None:
     (dynamic) trim threshold the freed tops of its heaps are kept, and RSS creeps up
     epoch after epoch (measured: 25 epochs of `DaliBatches` without TF, +34 MB after
     epoch 5; with this, +1.3 MB; docs/architecture.md, "Memory over many epochs").
-    A `MALLOC_TRIM_THRESHOLD_` set by the user wins; not glibc: nothing to do."""
+    A trim threshold the user set (`MALLOC_TRIM_THRESHOLD_`, `GLIBC_TUNABLES`) wins;
+    not glibc: nothing to do."""
     global _trim_set
     if _trim_set:
         return
     _trim_set = True
-    if "MALLOC_TRIM_THRESHOLD_" in os.environ:
+    if ("MALLOC_TRIM_THRESHOLD_" in os.environ
+            or "glibc.malloc.trim_threshold" in os.environ.get("GLIBC_TUNABLES", "")):
         return
     try:
         mallopt = ctypes.CDLL(None).mallopt
