@@ -9,6 +9,8 @@ Per process: construction time, first batch, the start of a later epoch (iterato
 first batch), the feed ceiling of a whole later epoch (images/s, and process CPU ms per
 image: both cores' time), and resident memory per file after construction and after
 each epoch (RSS growth over the process's baseline with TF imported, divided by N).
+Then CPU per image again, the three loaders in turn in one process over several rounds
+(best and median), under glibc's default malloc and a tuned one, each in its own process.
 
 gs://: the fake GCS server (`dali_loader.testing.fakegcs`) in its own process, 100k
 objects in 100 class prefixes, 1000 per page, at 0, 20 and 50 ms per request. Per
@@ -19,6 +21,7 @@ construction from the manifest.
 
     .venv/bin/python benchmarks/bench_scale.py                       # everything (~15 min on 2 cores)
     .venv/bin/python benchmarks/bench_scale.py --sizes 10000 --no-gcs   # a quick look
+    .venv/bin/python benchmarks/bench_scale.py --no-local --no-gcs      # CPU per image only
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -116,6 +120,32 @@ def child_local(kind: str, n: int, data: str, cache: str, out: str) -> None:
         json.dump(res, f)
 
 
+def child_turns(n: int, data: str, cache: str, rounds: int, out: str) -> None:
+    """CPU per image of whole epochs, the loaders in turn in one process (the VM's
+    state moves between processes and over minutes: compare within a round)."""
+    import tensorflow as tf  # noqa: F401
+
+    import keras
+
+    from tf_adapter import image_dataset_from_directory as ours
+
+    kw = dict(image_size=(8, 8), batch_size=BATCH, seed=0, verbose=False)
+    loaders = {"keras": keras.utils.image_dataset_from_directory(data, **kw),
+               "ours": ours(data, **kw),
+               "ours_ready": ours(data, gpu_ready=True, cache_dir=cache, **kw)}
+    for ds in loaders.values():  # warm: graphs traced, the cache filled
+        sum(int(x.shape[0]) for x, _ in ds)
+    cpu_ms: dict[str, list[float]] = {k: [] for k in loaders}
+    for _ in range(rounds):
+        for kind, ds in loaders.items():
+            c = cpu()
+            count = sum(int(x.shape[0]) for x, _ in ds)
+            assert count == n, (kind, count)
+            cpu_ms[kind].append(1e3 * (cpu() - c) / count)
+    with open(out, "w") as f:
+        json.dump(cpu_ms, f)
+
+
 def child_gcs(kind: str, url: str, cache: str, out: str) -> None:
     """One listing of the fake server's bucket (STORAGE_EMULATOR_HOST is set)."""
     import tensorflow as tf  # noqa: F401 - imported before timing
@@ -180,6 +210,30 @@ def bench_local(sizes: list[int], base: str) -> None:
         shutil.rmtree(cache, ignore_errors=True)
 
 
+def bench_turns(n: int, rounds: int, base: str) -> None:
+    """Issue 23's per-file target (CPU default and cached GPU-ready epochs within 1.5x of
+    Keras's CPU per image), the loaders in turn, under glibc's default malloc and the tuned
+    one (on this VM fresh memory is expensive; its cost hides the loaders' own)."""
+    from bench_gpu_ready import MALLOC_TUNABLES
+
+    print(f"\n## CPU per image in turn: {n} tiny PNGs, {rounds} rounds of whole epochs per loader, "
+          "one process per malloc setting")
+    data, cache = os.path.join(base, f"turns{n}"), os.path.join(base, f"turns_cache{n}")
+    make_tree(data, n)
+    try:
+        for which, env in (("default", {}), ("tuned", {"GLIBC_TUNABLES": MALLOC_TUNABLES})):
+            shutil.rmtree(cache, ignore_errors=True)
+            ms = run_child(["turns", str(n), data, cache, str(rounds)], env)
+            kmin, kmed = min(ms["keras"]), statistics.median(ms["keras"])
+            for kind, v in ms.items():
+                print(f"  malloc {which:<7} {kind:<10} CPU ms/img {' '.join('%.3f' % x for x in v)}; "
+                      f"best {min(v):.3f} ({min(v) / kmin:.2f}x Keras's best), median "
+                      f"{statistics.median(v):.3f} ({statistics.median(v) / kmed:.2f}x)", flush=True)
+    finally:
+        shutil.rmtree(data, ignore_errors=True)
+        shutil.rmtree(cache, ignore_errors=True)
+
+
 def bench_gcs(objects: int, latencies: list[float], base: str) -> None:
     print(f"\n## gs://: {objects} objects in {CLASSES} prefixes, 1000 per page, fake server in its own process")
     print(f"{'latency':>7} {'list_blobs_s':>12} {'ours_list_s':>11} {'first_build_s':>13} {'manifest_s':>10} "
@@ -212,6 +266,8 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["--child"]:
         if argv[1] == "local":
             child_local(argv[2], int(argv[3]), *argv[4:7])
+        elif argv[1] == "turns":
+            child_turns(int(argv[2]), argv[3], argv[4], int(argv[5]), argv[6])
         else:
             child_gcs(*argv[2:6])
         return 0
@@ -219,6 +275,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sizes", default="10000,100000,300000", help="local file counts")
     ap.add_argument("--objects", type=int, default=100_000, help="gs:// objects")
     ap.add_argument("--latencies", default="0,0.02,0.05", help="seconds per request")
+    ap.add_argument("--turns-n", type=int, default=10_000,
+                    help="files for the in-turn CPU-per-image comparison (0: skip it)")
+    ap.add_argument("--rounds", type=int, default=5, help="epochs per loader in that comparison")
     ap.add_argument("--no-local", action="store_true")
     ap.add_argument("--no-gcs", action="store_true")
     ap.add_argument("--tmp", default="/dev/shm" if os.path.isdir("/dev/shm") else None)
@@ -229,6 +288,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if not args.no_local:
             bench_local([int(s) for s in args.sizes.split(",")], base)
+        if args.turns_n:
+            bench_turns(args.turns_n, args.rounds, base)
         if not args.no_gcs:
             bench_gcs(args.objects, [float(x) for x in args.latencies.split(",")], base)
     finally:

@@ -14,6 +14,7 @@ frame (what `tf.io.decode_image(..., expand_animations=False)` returns).
 from __future__ import annotations
 
 import io
+import os
 import struct
 import zlib
 
@@ -99,15 +100,27 @@ def size_problem(data: bytes, max_pixels: int | None) -> str | None:
 
 def peek_size_problem(path: str, max_pixels: int | None, offset: int = 0) -> str | None:
     """`size_problem` of a local file (its image from `offset` on), from its first
-    bytes (the whole file only for a JPEG whose frame header lies further in)."""
+    bytes (the whole file only for a JPEG whose frame header lies further in).
+    Runs once per file and epoch on the CPU default: plain `os` calls, no file object."""
     if max_pixels is None:
         return None
-    with open(path, "rb") as f:
-        f.seek(offset)
-        head = f.read(HEAD_BYTES)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        head = os.pread(fd, HEAD_BYTES, offset)
         if sniff(head) == "jpeg" and _jpeg_size(head) is None and len(head) == HEAD_BYTES:
-            head += f.read()
+            head += _read_from(fd, offset + HEAD_BYTES)
+    finally:
+        os.close(fd)
     return size_problem(head, max_pixels)
+
+
+def _read_from(fd: int, offset: int) -> bytes:
+    """The rest of an open file from `offset` on."""
+    parts = []
+    while part := os.pread(fd, 1 << 20, offset):
+        parts.append(part)
+        offset += len(part)
+    return b"".join(parts)
 
 
 def sniff(data: bytes) -> str | None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import collections
 import itertools
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TypeVar
 
 from dali_loader.errors import BadFileError
@@ -45,13 +45,15 @@ class Auditor:
         self.emitted: collections.deque[int] = collections.deque()
         self.error: BaseException | None = None
 
-    def chunks(self, convert: Callable[[FeedEpoch, Chunk], T] = lambda e, c: c
-               ) -> Iterator[T]:
-        """`convert(epoch, chunk)` for each of the epoch's chunks. Any exception
-        (the feed's, or `convert`'s) is held for the marker's check."""
+    def chunks(self, convert: Callable[[FeedEpoch, Chunk], T] = lambda e, c: c,
+               sizes: Iterable[int] = ()) -> Iterator[T]:
+        """`convert(epoch, chunk)` for each of the epoch's chunks, of `sizes`
+        files while it lasts, then of the feed's chunk size. Any exception (the
+        feed's, or `convert`'s) is held for the marker's check."""
         try:
             self.epoch = self._open_epoch()
-            for chunk in self.epoch:
+            sizes = iter(sizes)
+            while (chunk := self.epoch.next_chunk(next(sizes, None))) is not None:
                 element = convert(self.epoch, chunk)
                 self.emitted.extend(chunk.positions)
                 yield element
@@ -93,7 +95,7 @@ class Auditor:
 
 
 class AuditRegistry:
-    """Auditors by token, for the `py_function` that checks batches (thread-safe).
+    """Auditors by token, for the `numpy_function` that checks batches (thread-safe).
 
     An iteration is registered when it starts and dropped at its marker's
     check, or when it is abandoned. One fed out but abandoned before its last
@@ -134,13 +136,12 @@ class AuditRegistry:
     def __len__(self) -> int:
         return len(self._auditors)
 
-    def check(self, token, positions) -> bool:
-        """The `py_function` body: checks one batch of iteration `token`."""
-        token = int(token.numpy())
+    def check(self, token: int, positions: list[int]) -> bool:
+        """Checks one batch of iteration `token` (its surviving positions, in order)."""
         with self._lock:
             auditor = self._auditors.get(token)
         if auditor is None:  # an abandoned iteration: nobody reads its batches
             return True
-        if auditor.check(positions.numpy().tolist()):
+        if auditor.check(positions):
             self.close(token)
         return True

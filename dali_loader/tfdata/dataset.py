@@ -18,7 +18,9 @@ once per iterator). TensorFlow is imported lazily.
 
 from __future__ import annotations
 
+import enum
 import functools
+import itertools
 import os
 import struct
 import zlib
@@ -70,7 +72,11 @@ from dali_loader.tfdata.audit import END, AuditRegistry, Auditor
 from dali_loader.tfdata.dali_plugin import Handoff, plugin_dataset, resolve_handoff
 from dali_loader.tfdata.weak import weakly as _weakly
 
-TF_CHUNK = 16  # files per generator call on the TF path
+TF_CHUNK = 16  # files per generator call on the TF path, reading through the feed
+TF_LOCAL_CHUNK = 256  # on a local disk, where TF reads: after a ramp from TF_FIRST_CHUNK
+TF_FIRST_CHUNK = 16
+KEY_STRIDE = 1 << 40  # a TF-path element's key: its iteration's token, then its position
+MARKER = KEY_STRIDE - 1  # the end marker's position in a key
 
 
 def _tiny_png() -> bytes:
@@ -84,6 +90,8 @@ def _tiny_png() -> bytes:
 
 
 END_MARKER = _tiny_png()
+# The marker as a file, for the graph that reads local paths (tests check its bytes).
+END_MARKER_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "end_marker.png")
 
 
 def _as_string_and_offset(item) -> tuple[bytes, int]:
@@ -164,10 +172,11 @@ def make_loader(source: Source, index: Index, spec: ImageSpec, *, batch_size: in
                     read_ahead=batch_size, **kw)
     items = {SourceKind.LOCAL_DISK: Paths, SourceKind.NETWORK_FS: RawBytes,
              SourceKind.REMOTE: PinnedOrBytes}[source.kind]
-    items = Paths(max_pixels) if items is Paths else items(source, max_pixels)
+    if items is Paths:  # no reads to wait for: large chunks (after a first small one)
+        return Feed(index, Paths(max_pixels), chunk_size=TF_LOCAL_CHUNK, **kw)
     # TF batches again after decoding: small chunks let decoding start on the
     # first files of an epoch instead of waiting for a whole batch.
-    return Feed(index, items, chunk_size=min(batch_size, TF_CHUNK), **kw)
+    return Feed(index, items(source, max_pixels), chunk_size=min(batch_size, TF_CHUNK), **kw)
 
 
 def _has_jpeg(index: Index) -> bool:
@@ -319,16 +328,42 @@ def _dali_dataset(tf, batches: DaliBatches, spec: ImageSpec, batch_size: int | N
     return ds.unbatch() if batch_size is None else ds
 
 
+class _Reads(enum.Enum):
+    """How the TF path's graph gets a file's bytes, by the feed's item reader
+    (one graph per dataset: no per-element branch where there is one kind)."""
+
+    PATHS = "paths"  # a local path (`Paths`): TF reads the file
+    BYTES = "bytes"  # the bytes themselves (`RawBytes`)
+    PINNED_OR_BYTES = "pinned_or_bytes"  # a pinned cache file from an offset, or bytes
+
+    @classmethod
+    def of(cls, items) -> _Reads:
+        if isinstance(items, Paths) and os.path.isfile(END_MARKER_FILE):
+            return cls.PATHS
+        return cls.BYTES if type(items) is RawBytes else cls.PINNED_OR_BYTES
+
+
 class _TFKernelEpochs:
-    """What the TF path's generator and audit call: one `Auditor` per iterator."""
+    """What the TF path's generator and audit call: one `Auditor` per iterator.
+
+    Each element is a file (its path, or bytes) and a key: the iteration's token
+    times `KEY_STRIDE` plus the file's index position (`MARKER` for the end
+    marker, a valid tiny PNG that rides through the decode). Labels are looked
+    up per batch by the audit, not carried per element."""
 
     def __init__(self, tf, feed: Feed, spec: ImageSpec, which: tuple[int | None, int]):
         self.tf = tf
         self.feed = feed
         self.spec = spec
         self.which = which
+        self.reads = _Reads.of(feed.items)
         self.registry = AuditRegistry()
-        self.marker = END_MARKER  # it must survive the decode it rides through
+        labels = feed.index.labels
+        self.labels = None if labels is None else np.asarray(labels, np.int32)
+        # Small chunks first, so that decoding starts on an epoch's first files;
+        # then larger ones: fewer generator calls per file.
+        self.sizes = list(itertools.takewhile(
+            lambda n: n < feed.chunk_size, (TF_FIRST_CHUNK << i for i in range(32))))
 
     def diagnose(self, path: str) -> Exception:
         """Why TF dropped `path`: read it again, decode it eagerly."""
@@ -346,25 +381,37 @@ class _TFKernelEpochs:
             "It was not trained on in this epoch; please report this with the storage used."
         )
 
+    def _files(self, items: list) -> tuple:
+        """The element's file components for a chunk's items."""
+        if self.reads is _Reads.PATHS:  # as the OS spells them: any name, UTF-8 or not
+            return ([os.fsencode(p) for p in items],)
+        if self.reads is _Reads.BYTES:
+            return (items,)
+        data, offsets = zip(*map(_as_string_and_offset, items))
+        return list(data), np.asarray(offsets, np.int64)
+
+    def _marker(self) -> tuple:
+        if self.reads is _Reads.PATHS:
+            return ([os.fsencode(END_MARKER_FILE)],)
+        if self.reads is _Reads.BYTES:
+            return ([END_MARKER],)
+        return [END_MARKER], np.asarray([-1], np.int64)
+
     def epoch(self):
         registry = self.registry
         auditor = Auditor(lambda: self.feed.epoch(*self.which), self.diagnose)
         token = registry.open(auditor)
+        base = np.int64(token) * KEY_STRIDE
 
         def element(epoch, chunk):
-            data, offsets = zip(*map(_as_string_and_offset, chunk.items))
-            labels = epoch.labels(chunk.positions)
-            labels = np.zeros(len(data), np.int32) if labels is None else labels
-            return (list(data), np.asarray(offsets, np.int64), labels,
-                    np.asarray(chunk.positions, np.int64), np.full(len(data), token, np.int64))
+            return (*self._files(chunk.items), np.asarray(chunk.positions, np.int64) + base)
 
         fed_out = False
         try:
             # Nothing may raise here outside the auditor: `ignore_errors()`
             # downstream would turn an exception into a silently short epoch.
-            yield from auditor.chunks(element)
-            yield ([self.marker], np.asarray([-1], np.int64), np.zeros(1, np.int32),
-                   np.asarray([END], np.int64), np.asarray([token], np.int64))
+            yield from auditor.chunks(element, self.sizes)
+            yield (*self._marker(), np.asarray([base + MARKER], np.int64))
             fed_out = True
         finally:
             if fed_out:
@@ -372,22 +419,49 @@ class _TFKernelEpochs:
             else:  # abandoned: stop its reads, release what it holds
                 registry.close(token)
 
-    def check(self, token, positions) -> bool:
-        return self.registry.check(token, positions)
+    def check(self, keys: np.ndarray) -> tuple[np.ndarray, np.bool_]:
+        """One batch's keys (the survivors of the decode, in order): audits them
+        against what the iteration emitted; returns their labels and whether the
+        last one is the end marker."""
+        token, slots = np.divmod(keys, KEY_STRIDE)
+        end = bool(slots[-1] == MARKER)
+        positions = slots.tolist()
+        if end:
+            positions[-1] = END
+            slots = slots[:-1]
+        self.registry.check(int(token[0]), positions)
+        labels = (np.zeros(len(keys), np.int32) if self.labels is None
+                  else np.append(self.labels[slots], np.int32(0)) if end else self.labels[slots])
+        return labels, np.bool_(end)
+
+
+def _no_check(keys: np.ndarray) -> tuple[np.ndarray, np.bool_]:
+    """The audit's stand-in once the dataset is gone (nothing left to check)."""
+    return np.zeros(len(keys), np.int32), np.bool_(False)
 
 
 def _tf_kernel_dataset(tf, feed: Feed, spec: ImageSpec, batch_size: int | None,
                        num_threads: int | None, which: tuple[int | None, int]):
     epochs = _TFKernelEpochs(tf, feed, spec, which)
     vec = tf.TensorSpec((None,), tf.int64)
-    sig = (tf.TensorSpec((None,), tf.string), vec, tf.TensorSpec((None,), tf.int32), vec, vec)
+    files = (tf.TensorSpec((None,), tf.string),)
+    if epochs.reads is _Reads.PINNED_OR_BYTES:
+        files += (vec,)
     # TF calls the generator once per iterator: one independent epoch each.
     ds = tf.data.Dataset.from_generator(_weakly(epochs, "epoch", lambda: iter(())),
-                                        output_signature=sig)
+                                        output_signature=(*files, vec))
     ds._dali_epochs = epochs  # held by every dataset and iterator derived from it
+    if epochs.reads is _Reads.PINNED_OR_BYTES:
+        def decode(data, offset, key):
+            return decode_like_keras(read_item(tf, data, offset), spec, tf), key
+    else:
+        read = tf.io.read_file if epochs.reads is _Reads.PATHS else tf.identity
+
+        def decode(data, key):
+            return decode_like_keras(read(data), spec, tf), key
+
     ds = ds.unbatch().map(
-        lambda data, off, y, pos, tok: (decode_like_keras(read_item(tf, data, off), spec, tf),
-                                        y, pos, tok),
+        decode,
         # One decode per core (or per `num_threads`) from the first batch
         # on: AUTOTUNE ramps up over a few batches, which short epochs feel.
         num_parallel_calls=num_threads or default_num_threads(),
@@ -395,16 +469,14 @@ def _tf_kernel_dataset(tf, feed: Feed, spec: ImageSpec, batch_size: int | None,
         # `Options.deterministic = False` for this map only (TF's documented rule).
         deterministic=True,
     ).ignore_errors()
-    check = _weakly(epochs, "check", lambda: True)
+    check = _weakly(epochs, "check", _no_check)
 
-    def audit(x, y, pos, tok):
-        ok = tf.py_function(check, [tok[0], pos], tf.bool)
-        with tf.control_dependencies([ok]):
-            return tf.cond(  # drop the marker; no copy for the other batches
-                pos[-1] < 0,
-                lambda: (x[:-1], y[:-1]),
-                lambda: (tf.identity(x), tf.identity(y)),
-            )
+    def audit(x, keys):
+        y, end = tf.numpy_function(check, [keys], (tf.int32, tf.bool))
+        y.set_shape((None,))
+        end.set_shape(())
+        return tf.cond(  # drop the marker; no copy for the other batches
+            end, lambda: (x[:-1], y[:-1]), lambda: (tf.identity(x), y))
 
     ds = ds.batch(batch_size or 32).map(audit).filter(lambda x, y: tf.shape(x)[0] > 0)
     return (ds.unbatch() if batch_size is None else ds), epochs.registry

@@ -1,0 +1,110 @@
+"""The CPU default's TF graph (issue 23 item 3): few generator calls per file, no
+per-element branch for local files, and the end marker that closes every epoch."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+tf = pytest.importorskip("tensorflow")
+
+from dali_loader.feed.epochs import FeedEpoch  # noqa: E402
+from dali_loader.testing.pngs import encode_png  # noqa: E402
+from dali_loader.tfdata import dataset as dataset_mod  # noqa: E402
+from tf_adapter import image_dataset_from_directory as ours  # noqa: E402
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def _tree(root, n: int, bad: tuple[int, ...] = ()) -> None:
+    """n 4x4 PNGs whose red channel is the file id mod 256, in 2 classes (id % 2);
+    the ids in `bad` are truncated."""
+    for i in range(n):
+        arr = np.zeros((4, 4, 3), np.uint8)
+        arr[..., 0] = i % 256
+        arr[..., 1] = i // 256
+        data = encode_png(arr)
+        path = root / f"c{i % 2}" / f"{i:04d}.png"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data[:40] if i in bad else data)
+
+
+def _ids(ds) -> tuple[list[int], list[int]]:
+    ids, labels = [], []
+    for x, y in ds:
+        px = x.numpy()[:, 0, 0]
+        ids += [int(round(r)) + 256 * int(round(g)) for r, g in px[:, :2]]
+        labels += [int(v) for v in y.numpy()]
+    return ids, labels
+
+
+def test_end_marker_file_is_the_marker():
+    """The file the local-path graph reads at the end of each epoch is the marker,
+    a valid PNG TF decodes (shipped as package data)."""
+    with open(dataset_mod.END_MARKER_FILE, "rb") as f:
+        assert f.read() == dataset_mod.END_MARKER
+    assert tuple(tf.io.decode_png(dataset_mod.END_MARKER).shape) == (1, 1, 1)
+
+
+def test_local_chunks_grow_after_a_small_first_one(tmp_path, monkeypatch):
+    """On a local disk the generator asks for 16 files, then doubles up to 256 per
+    call: decoding starts early and later chunks cost fewer calls per file."""
+    _tree(tmp_path, 600)
+    asked = []
+    next_chunk = FeedEpoch.next_chunk
+
+    def spy(self, size=None):
+        chunk = next_chunk(self, size)
+        if chunk is not None:
+            asked.append(len(chunk.items))
+        return chunk
+
+    monkeypatch.setattr(FeedEpoch, "next_chunk", spy)
+    ds = ours(str(tmp_path), image_size=(4, 4), batch_size=50, shuffle=True, seed=1,
+              verbose=False)
+    ids, labels = _ids(ds)
+    assert asked == [16, 32, 64, 128, 256, 104]
+    assert sorted(ids) == list(range(600))
+    assert labels == [i % 2 for i in ids]
+    assert [len(b[0]) for b in ds] == [50] * 12
+
+
+@pytest.mark.parametrize("marker_file", [True, False])
+@pytest.mark.parametrize("batch_size", [7, None])
+def test_bad_files_anywhere_are_named_and_the_rest_delivered_once(tmp_path, monkeypatch,
+                                                                  marker_file, batch_size):
+    """Bad files first, in the middle and last in the epoch's order (class c1's
+    files follow c0's) are skipped and
+    named; every other file arrives once with its label; with and without the
+    marker file (without it, the graph takes the branch that reads bytes too)."""
+    if not marker_file:
+        monkeypatch.setattr(dataset_mod, "END_MARKER_FILE", str(tmp_path / "missing.png"))
+    n = 300
+    bad = (0, 2, 1, 150, 151, 297, 299)  # c0: first two; c1: first, mid, last two
+    _tree(tmp_path / "data", n, bad)
+    ds = ours(str(tmp_path / "data"), image_size=(4, 4), batch_size=batch_size,
+              shuffle=False, on_error="skip", verbose=False)
+    reads = ds._dali_loader  # the feed
+    for _ in range(2):
+        if batch_size is None:
+            got = [(int(round(x.numpy()[0, 0, 0])) + 256 * int(round(x.numpy()[0, 0, 1])),
+                    int(y)) for x, y in ds]
+            ids, labels = [i for i, _ in got], [y for _, y in got]
+        else:
+            ids, labels = _ids(ds)
+        order = [int(p[-8:-4]) for p in ds.file_paths]  # unshuffled: the index's order
+        assert ids == [i for i in order if i not in bad]  # in order, each once
+        assert labels == [i % 2 for i in ids]
+    assert sorted(reads.skipped) == sorted(str(tmp_path / "data" / f"c{i % 2}" / f"{i:04d}.png")
+                                           for i in bad)
+    assert (dataset_mod._Reads.of(reads.items) is dataset_mod._Reads.PATHS) == marker_file
+
+
+def test_remote_style_reads_keep_offsets(tmp_path):
+    """`_Reads.of`: local paths are read by TF; bytes need no read; only pinned
+    cache files carry an offset (the graph branches per element there only)."""
+    from dali_loader.feed.items import Paths, PinnedOrBytes, RawBytes
+
+    assert dataset_mod._Reads.of(Paths()) is dataset_mod._Reads.PATHS
+    assert dataset_mod._Reads.of(RawBytes(None)) is dataset_mod._Reads.BYTES
+    assert dataset_mod._Reads.of(PinnedOrBytes(None)) is dataset_mod._Reads.PINNED_OR_BYTES
