@@ -193,6 +193,7 @@ def test_unexpected_loader_error_is_raised_not_an_epoch_cut_short(id_tree, on_er
     class Broken:  # an item reader with a bug on the 7th file
         io = False
         release = real_items.release
+        positional = getattr(real_items, "positional", False)
 
         def __init__(self):
             self.calls = 0

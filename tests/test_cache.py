@@ -70,6 +70,36 @@ def test_lru_eviction_keeps_recently_used(tmp_path):
     assert not cache.put("bkt", info("huge", b"x" * 20_000), b"x" * 20_000)  # never fits: not cached
 
 
+def test_writes_during_an_eviction_scan_keep_the_bound(tmp_path, monkeypatch):
+    """A write another thread makes while an eviction scans the entries is still
+    counted: the next write over the bound evicts again, and the cache ends within
+    it. (Before, the eviction set the count from its scan alone, and a cache shared
+    by 8 fetch threads could stay over its bound.)"""
+    cache = DiskCache(str(tmp_path), max_bytes=10_000, touch_interval_s=0)
+    scan = cache._entries
+    late = [info(f"late{i}", b"l" * 1000) for i in range(3)]
+
+    def scan_then_write():  # the eviction's scan; as it ends, another thread writes 3 entries
+        entries = list(scan())
+        monkeypatch.setattr(cache, "_entries", scan)
+        for o in late:
+            with monkeypatch.context() as m:
+                m.setattr(cache, "evict", lambda target: 0)  # the racing writer's own check
+                cache.put("bkt", o, b"l" * 1000)
+        yield from entries
+
+    i = 0
+    while cache.stats().bytes < 9_000:  # just under the bound
+        cache.put("bkt", info(f"o{i}", b"o" * 1000), b"o" * 1000)
+        i += 1
+    monkeypatch.setattr(cache, "_entries", scan_then_write)
+    cache.put("bkt", info("over", b"o" * 1000), b"o" * 1000)  # evicts, while 3 more land
+    assert cache.stats().bytes > 10_000  # the late writes: over the bound for now
+    cache.put("bkt", info("next", b"o" * 1000), b"o" * 1000)
+    assert cache.stats().bytes <= 10_000
+    assert cache._approx_bytes >= cache.stats().bytes
+
+
 def test_pinned_entry_survives_eviction_and_pins_refresh_lru(tmp_path):
     cache = DiskCache(str(tmp_path), max_bytes=10_000, touch_interval_s=0)
     objs = [info(f"p{i}", bytes([i]) * 1000) for i in range(8)]

@@ -154,7 +154,7 @@ def test_feed_epochs_come_in_chunks(id_tree, kind):
     from dali_loader.feed.items import Paths, RawBytes
 
     src, idx = open_index(str(id_tree), shuffle=False)
-    items = RawBytes(src) if kind == "bytes" else Paths()
+    items = RawBytes(src) if kind == "bytes" else Paths(idx.paths)
     feed = Feed(idx, items, chunk_size=4, shuffle=True, seed=3)
     chunks = list(feed)
     assert [len(c.items) for c in chunks] == [4] * 5 + [3]

@@ -105,6 +105,39 @@ def test_remote_style_reads_keep_offsets(tmp_path):
     cache files carry an offset (the graph branches per element there only)."""
     from dali_loader.feed.items import Paths, PinnedOrBytes, RawBytes
 
-    assert dataset_mod._Reads.of(Paths()) is dataset_mod._Reads.PATHS
+    assert dataset_mod._Reads.of(Paths([])) is dataset_mod._Reads.PATHS
     assert dataset_mod._Reads.of(RawBytes(None)) is dataset_mod._Reads.BYTES
     assert dataset_mod._Reads.of(PinnedOrBytes(None)) is dataset_mod._Reads.PINNED_OR_BYTES
+
+
+def test_headers_are_read_once_per_file_while_they_pass(tmp_path, monkeypatch):
+    """The CPU default reads each local file's header once per dataset (not per
+    epoch); a header over `max_pixels` is refused, named, in every epoch."""
+    import struct
+    import zlib
+
+    from dali_loader.feed import items as items_mod
+
+    _tree(tmp_path, 40)
+    ihdr = struct.pack(">IIBBBBB", 30000, 30000, 8, 2, 0, 0, 0)
+    bomb = tmp_path / "c0" / "bomb.png"
+    bomb.write_bytes(b"\x89PNG\r\n\x1a\n" + struct.pack(">I", 13) + b"IHDR" + ihdr
+                     + struct.pack(">I", zlib.crc32(b"IHDR" + ihdr)))
+    peeks = []
+    peek = items_mod.peek_size_problem
+
+    def counted(path, *a, **kw):
+        peeks.append(path)
+        return peek(path, *a, **kw)
+
+    monkeypatch.setattr(items_mod, "peek_size_problem", counted)
+    ds = ours(str(tmp_path), image_size=(4, 4), batch_size=8, on_error="skip",
+              max_pixels=10**8, verbose=False)
+    for epoch in range(3):
+        ids, _ = _ids(ds)
+        assert sorted(ids) == list(range(40))
+        if epoch == 0:  # every file once
+            assert sorted(peeks) == sorted(str(p) for p in tmp_path.glob("c*/*.png"))
+        else:  # then only the refused one
+            assert peeks[41:] == [str(bomb)] * epoch
+    assert "over the limit of 100000000" in ds._dali_loader.skipped[str(bomb)]

@@ -10,7 +10,8 @@ cache file). Items that hold nothing are not tracked after they are handed out.
 - `CheckedBytes`: the bytes, checked (content sniff, PNG chunk/CRC walk), for
   DALI, whose pipeline dies on a bad file.
 - `RawBytes`: the bytes, unchecked, for TF's kernels (their failures are audited).
-- `Paths`: the path itself; TF reads local disk files cheaper than Python does.
+- `Paths`: the path itself; TF reads local disk files cheaper than Python does
+  (each file's header read once, for `max_pixels`).
 - `PinnedOrBytes`: a verified gs:// cache entry, pinned so that no eviction
   removes it before TF has read it, or else the bytes (fetched and cached).
 """
@@ -21,6 +22,8 @@ import contextlib
 import os
 from collections.abc import Iterator
 from typing import Any, NamedTuple
+
+import numpy as np
 
 from dali_loader.errors import CorruptImageError, UnreadableFileError
 from dali_loader.feed.checks import (
@@ -122,19 +125,28 @@ class CheckedBytes(RawBytes):
 
 
 class Paths:
-    """The path itself: the decoder reads the file (TF, on a local disk). Only
-    the header is read here, to refuse an image over `max_pixels` (None: not read)."""
+    """The path itself: the decoder reads the file (TF, on a local disk). Takes
+    index positions (`positional`). The header is read here, to refuse an image
+    over `max_pixels` (None: not read), once per file while it passes: a file's
+    later epochs cost no I/O in Python. (TF's decoder refuses PNGs and JPEGs of
+    2**29 pixels or more itself, on every read, before allocating.)"""
 
     io = False
     holds = False
+    positional = True
 
-    def __init__(self, max_pixels: int | None = DEFAULT_MAX_PIXELS):
+    def __init__(self, paths: list[str], max_pixels: int | None = DEFAULT_MAX_PIXELS):
+        self.paths = paths
         self.max_pixels = max_pixels
+        # One byte per file: whether its header passed (set by any epoch's thread).
+        self._passed = None if max_pixels is None else np.zeros(len(paths), np.bool_)
 
-    def __call__(self, path: str) -> str:
-        if self.max_pixels is not None:
+    def __call__(self, pos: int) -> str:
+        path = self.paths[pos]
+        if self._passed is not None and not self._passed[pos]:
             with read_errors(path):
                 _refuse_over(path, peek_size_problem(path, self.max_pixels))
+            self._passed[pos] = True
         return path
 
     def release(self, item: Any) -> None:

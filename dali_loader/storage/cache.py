@@ -195,6 +195,7 @@ class DiskCache:
         self.max_bytes = int(max_bytes)
         self._approx_bytes = used
         self._delta = 0  # bytes this process added (or removed) since it last synced the usage file
+        self._added = 0  # bytes this process ever wrote (an eviction's scan may miss the latest)
         self._writes = 0
         self._touched: dict[str, float] = {}  # path -> when this process last refreshed its mtime
         # path -> (payload offset, payload size), for entries this process verified
@@ -437,6 +438,7 @@ class DiskCache:
         with self._mutex:
             self._approx_bytes += 8 + len(header) + size
             self._delta += 8 + len(header) + size
+            self._added += 8 + len(header) + size
             self._writes += 1
             over = self._approx_bytes > self.max_bytes
             sync = self._writes % _SYNC_EVERY == 0
@@ -531,6 +533,8 @@ class DiskCache:
         if self.read_only:
             return 0
         with self._locked():
+            with self._mutex:
+                added = self._added
             entries = []
             for e in self._entries():
                 with contextlib.suppress(FileNotFoundError):
@@ -547,7 +551,10 @@ class DiskCache:
                 self._verified.pop(path, None)
                 freed += size
             with self._mutex:
-                self._approx_bytes = total - freed
+                # Entries written while the scan ran may be missing from `total`:
+                # counted again (at worst twice), so the next write over the bound
+                # evicts again instead of the cache staying over it.
+                self._approx_bytes = total - freed + self._added - added
                 self._delta = 0
             self._write_usage(total - freed)
         if freed:

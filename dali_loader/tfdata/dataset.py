@@ -173,7 +173,7 @@ def make_loader(source: Source, index: Index, spec: ImageSpec, *, batch_size: in
     items = {SourceKind.LOCAL_DISK: Paths, SourceKind.NETWORK_FS: RawBytes,
              SourceKind.REMOTE: PinnedOrBytes}[source.kind]
     if items is Paths:  # no reads to wait for: large chunks (after a first small one)
-        return Feed(index, Paths(max_pixels), chunk_size=TF_LOCAL_CHUNK, **kw)
+        return Feed(index, Paths(index.paths, max_pixels), chunk_size=TF_LOCAL_CHUNK, **kw)
     # TF batches again after decoding: small chunks let decoding start on the
     # first files of an epoch instead of waiting for a whole batch.
     return Feed(index, items(source, max_pixels), chunk_size=min(batch_size, TF_CHUNK), **kw)
