@@ -124,6 +124,22 @@ def test_every_file_once_with_its_label_keras_pixels(trees, png_trees, decoder, 
     assert stats["png_fast"] >= 10
 
 
+@pytest.mark.parametrize("color_mode", ["rgb", "grayscale", "rgba"])
+def test_big_pngs_among_raw_entries(png_trees, color_mode, monkeypatch):
+    """decoder="dali" with Wuffs, the six photos over the big-PNG size: raw entries
+    and PNGs TF decodes as their batch enters DALI share batches; the images are
+    those of every PNG as a raw entry (TF's pixels either way, resized by DALI)."""
+    mixed, clean = png_trees
+    kw = dict(color_mode=color_mode, image_size=SIZE, batch_size=5, shuffle=False,
+              decoder="dali", png_decoder="wuffs", verbose=False)
+    want = np.concatenate([x.numpy() for x, _ in ours(str(clean), **kw)])
+    monkeypatch.setattr(png_stage, "BIG_PNG_PIXELS", 30 * 40 - 1)  # the photos: 30..35 x 40
+    ds = ours(str(clean), **kw)
+    for _ in range(2):
+        np.testing.assert_array_equal(np.concatenate([x.numpy() for x, _ in ds]), want)
+        assert ds._dali_loader.epoch_stats[-1]["host_png_decodes"] == 6
+
+
 @pytest.mark.parametrize("png_decoder", [None, "libpng"])
 def test_png_decoder_libpng_keeps_tfs_own_path(trees, png_decoder):
     """libpng each epoch by default: TF's kernels decode in the graph (faster end to

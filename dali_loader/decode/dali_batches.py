@@ -38,10 +38,13 @@ from dali_loader.decode.dali_graph import (
     raw_views,
 )
 from dali_loader.decode.png_batches import PngBatches
+from dali_loader.decode.png_stage import big_png
 from dali_loader.decode.spec import ImageSpec
+from dali_loader.decode.tf_kernels import pixels_like_keras
 from dali_loader.errors import CorruptImageError
 from dali_loader.exiting import exiting, track
 from dali_loader.feed.epochs import Chunk, Feed, FeedEpoch
+from dali_loader.lazy import import_tf
 
 logger = logging.getLogger(__name__)
 
@@ -77,20 +80,66 @@ def trim_freed_memory() -> None:
         logger.debug("glibc's M_TRIM_THRESHOLD set to %d bytes", _TRIM_BYTES)
 
 
+class HostPixels:
+    """The host-pixel input of a CPU pipeline (`build_pipeline`'s `host_pixels`):
+    per sample, a big PNG's pixels decoded by TF (`png_stage.big_png`; Keras's
+    pixels), else an empty HWC array; such a file's encoded sample becomes a
+    1-byte placeholder (the graph's other branch never sees it). Runs as the
+    batch enters DALI, so one batch's big PNGs are decoded at a time, not a
+    read-ahead window's. Counts `host_png_decodes` (again for a replayed batch).
+
+    Why: DALI's CPU PNG decoder (nvImageCodec's OpenCV extension) holds two
+    copies of the pixels at once (`cv::imdecode`'s Mat, then DALI's output it is
+    copied into); TF's libpng decodes into one, which DALI reads in place
+    (`no_copy`). Measured, one 20000x20000 PNG among 12 small ones: peak RSS
+    2.93 GiB with DALI's decoder, 1.88 GiB with this; Keras 1.78
+    (tests/test_hostile.py). A PNG TF rejects goes to DALI's decoder as before
+    (which names it if it fails there too).
+    """
+
+    _PLACEHOLDER = np.zeros(1, np.uint8)
+
+    def __init__(self, channels: int):
+        self.channels = channels
+        self._empty = np.zeros((0, 0, channels), np.uint8)
+
+    def __call__(self, chunk: Chunk, epoch: FeedEpoch) -> tuple[list, list]:
+        """`(encoded, pixels)`: the two batches of `chunk` for DALI."""
+        encoded, pixels = [], []
+        for pos, data in zip(chunk.positions, chunk.items):
+            px = self._empty
+            if big_png(data):
+                try:
+                    px = pixels_like_keras(data, epoch.path(pos), self.channels, import_tf())
+                except CorruptImageError:
+                    pass  # DALI's decoder gets it, as without this input
+                else:
+                    epoch.tally.add("host_png_decodes")
+            pixels.append(px)
+            encoded.append(np.frombuffer(data, dtype=np.uint8) if px is self._empty
+                           else self._PLACEHOLDER)
+        return encoded, pixels
+
+
 class _Slot:
     """What a pipeline's `external_source` pulls from: the batches of the epoch
     that holds the pipeline now. Every batch handed to DALI is also queued in
     `in_flight`, so outputs are matched with their labels and files. With
     `decode` (a `png_batches.PngBatches`), each chunk is decoded here and only
-    the files it kept are queued (a skipped file leaves no position behind)."""
+    the files it kept are queued (a skipped file leaves no position behind).
+    With `host` (a `HostPixels`), each batch is a pair (encoded, pixels) that
+    DALI does not copy: both are kept in `held` until the batch is out."""
 
-    def __init__(self, decode: PngBatches | None = None, raw: bool = False):
+    def __init__(self, decode: PngBatches | None = None, raw: bool = False,
+                 host: HostPixels | None = None):
         self.decode = decode
         self.raw = raw  # raw GPU-ready entries: handed over as HWC views
+        self.host = host
         self.epoch: FeedEpoch | None = None
         self.batch_size = 1
         self.replay: collections.deque[Chunk] = collections.deque()
         self.in_flight: collections.deque[Chunk] = collections.deque()
+        self.held: collections.deque[tuple] = collections.deque()  # with `host`, per batch
         self.error: BaseException | None = None  # what the feed raised; DALI saw an end
 
     def start(self, epoch: FeedEpoch | None, batch_size: int = 1) -> None:
@@ -98,7 +147,21 @@ class _Slot:
         self.batch_size = batch_size
         self.replay.clear()
         self.in_flight.clear()
+        self.held.clear()
         self.error = None
+
+    def detach(self) -> None:
+        """Lets go of the epoch, but not of the batches handed to DALI: a pipeline
+        dropped midway may still read them (views, `no_copy`) until it is shut
+        down, and it holds this slot until then."""
+        self.epoch = None
+        self.replay.clear()
+
+    def pop(self) -> Chunk:
+        """The oldest batch in flight, whose output is out: DALI is done with it."""
+        if self.held:
+            self.held.popleft()
+        return self.in_flight.popleft()
 
     def __iter__(self):
         return self
@@ -125,6 +188,11 @@ class _Slot:
             if chunk is None:
                 raise StopIteration
             if self.decode is None:
+                if self.host is not None:
+                    pair = self.host(chunk, self.epoch)
+                    self.held.append(pair)
+                    self.in_flight.append(chunk)
+                    return pair
                 self.in_flight.append(chunk)
                 if self.raw:
                     return raw_views(chunk.items)
@@ -214,13 +282,23 @@ class DaliBatches:
         return -(-self.feed.num_files // self.batch_size)
 
     # -- pipelines ---------------------------------------------------------
+    @property
+    def host_pixels(self) -> bool:
+        """Whether big PNGs are decoded by TF before DALI (`HostPixels`): on the
+        CPU, for the files (`Input.FILES`, `Input.FILES_OR_RAW`). On a GPU, DALI's
+        decoder keeps them: with JPEGs the branch would hold the `mixed` decoder,
+        which DALI's conditionals documentation does not show (linked in
+        `dali_graph._input_pixels`), and no GPU has run the branch."""
+        return self.device == "cpu" and self.input in (Input.FILES, Input.FILES_OR_RAW)
+
     def _build(self) -> tuple[object, _Slot]:
-        slot = _Slot(self.png, raw=self.input is Input.READY_RAW)
+        host = HostPixels(self.spec.channels) if self.host_pixels else None
+        slot = _Slot(self.png, raw=self.input is Input.READY_RAW, host=host)
         with self._lock:
             self.pipeline_builds += 1
         pipe = build_pipeline(slot, self.spec, self.batch_size, gpu=self.device == "gpu",
                               device_id=self.device_id, num_threads=self.num_threads,
-                              input=self.input)
+                              input=self.input, host_pixels=host is not None)
         track(pipe, pipeline=True)  # shut down before DALI's own exit hook runs
         return pipe, slot
 
@@ -268,16 +346,18 @@ class DaliBatches:
                         raise  # DALI decoded nothing: no file to blame
                     pipe, slot = self._recover(err, slot, epoch)
                     continue
-                chunk = slot.in_flight.popleft()
+                chunk = slot.pop()
                 yield self._to_numpy(out), epoch.labels(chunk.positions)
             if not exiting():
                 pipe.reset()
                 clean = True
         finally:
             epoch.close()
-            slot.start(None)
             if clean:
+                slot.start(None)
                 self._checkin(pipe, slot)
+            else:  # dropped: what it was handed stays with it until it shuts down
+                slot.detach()
 
     def _to_numpy(self, out) -> np.ndarray:
         if self.device == "gpu":
@@ -300,7 +380,7 @@ class DaliBatches:
             if culprits:
                 break
         taken = slot.in_flight[0] if slot.in_flight else None
-        slot.start(None)
+        slot.detach()  # the failed pipeline is dropped: what it was handed stays with it
         if not culprits and taken is not None and len(taken.positions) == 1:
             # A batch of one file failed, alone: that file, with DALI's reason.
             culprits[taken.positions[0]] = dali_reason(str(err))

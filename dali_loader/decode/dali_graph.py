@@ -182,16 +182,13 @@ def _is_raw(dali, encoded):
             & (head[3] == magic[3]))
 
 
-def image_graph(dali, encoded, spec: ImageSpec, gpu: bool, input: Input = Input.FILES):
-    """Builds decode -> colour -> crop/pad -> resize on DataNode `encoded`.
+def _has_pixels(dali, pixels):
+    """Per sample: whether the host-pixel input holds an image (else it is empty)."""
+    return pixels.shape(dtype=dali.types.INT32)[0] > 0
 
-    GPU-ready cache entries already hold Keras's pixels in the output's colour
-    mode: `Input.READY_RAW` entries are reshaped on the CPU and copied to the
-    GPU (nothing is decoded); `Input.READY_TIFF` entries are decoded (with
-    `mixed` on a GPU), with no colour conversion. `Input.PIXELS` is already
-    decoded and on the graph's device: it goes straight to crop/pad/resize.
-    """
-    fn, t = dali.fn, dali.types
+
+def _input_pixels(dali, encoded, spec: ImageSpec, gpu: bool, input: Input):
+    """HWC uint8 pixels of the graph's input, in the output's colour mode."""
     if input is Input.PIXELS:
         img = encoded
     elif input is Input.READY_RAW:
@@ -212,6 +209,36 @@ def image_graph(dali, encoded, spec: ImageSpec, gpu: bool, input: Input = Input.
             img = img.gpu()
     else:
         img = _decode_file(dali, encoded, spec.channels, gpu)
+    return img
+
+
+def image_graph(dali, encoded, spec: ImageSpec, gpu: bool, input: Input = Input.FILES,
+                pixels=None):
+    """Builds decode -> colour -> crop/pad -> resize on DataNode `encoded`.
+
+    GPU-ready cache entries already hold Keras's pixels in the output's colour
+    mode: `Input.READY_RAW` entries are reshaped on the CPU and copied to the
+    GPU (nothing is decoded); `Input.READY_TIFF` entries are decoded (with
+    `mixed` on a GPU), with no colour conversion. `Input.PIXELS` is already
+    decoded and on the graph's device: it goes straight to crop/pad/resize.
+
+    `pixels` (CPU graphs of `Input.FILES` or `Input.FILES_OR_RAW` only): a
+    second input of HWC uint8 pixels decoded on the host, in the output's
+    colour mode, one per sample; empty (0 rows) where the sample is in
+    `encoded` instead. A per-sample branch of CPU operators picks one or the
+    other; neither is copied (measured: `dali_batches.HostPixels`).
+    """
+    fn, t = dali.fn, dali.types
+    if pixels is not None:
+        if gpu or input not in (Input.FILES, Input.FILES_OR_RAW):
+            raise ValueError("Host-decoded `pixels` go with a CPU graph of Input.FILES or "
+                             f"Input.FILES_OR_RAW. Received: gpu={gpu}, input={input}")
+        if _has_pixels(dali, pixels):
+            img = pixels
+        else:
+            img = _input_pixels(dali, encoded, spec, gpu, input)
+    else:
+        img = _input_pixels(dali, encoded, spec, gpu, input)
     interp, antialias = _interp(dali, spec.interpolation)
     out_dtype = t.UINT8 if spec.output_uint8 else t.FLOAT
     th, tw = spec.height, spec.width
@@ -256,6 +283,7 @@ def build_pipeline(
     prefetch_queue_depth: int = 2,
     seed: int = 0,
     input: Input = Input.FILES,
+    host_pixels: bool = False,
 ):
     """Builds and returns a DALI pipeline fed batch-wise by `source`.
 
@@ -272,10 +300,20 @@ def build_pipeline(
         prefetch_queue_depth: Batches DALI works on ahead of the consumer.
         seed: DALI's seed (the graph has no random operators).
         input: What the batches hold (`Input`).
+        host_pixels: (CPU, `Input.FILES` or `Input.FILES_OR_RAW`) `source` yields
+            pairs of batches: the encoded batch and one of HWC pixels decoded on
+            the host, empty for the samples in the first (`image_graph`'s
+            `pixels`). Neither is copied into DALI: `source` holds both until
+            their batch is out (DALI's `no_copy` rule).
     """
     dali = import_dali()
 
     def graph():
+        if host_pixels:
+            enc, px = dali.fn.external_source(
+                source=source, num_outputs=2, batch=True, dtype=[dali.types.UINT8] * 2,
+                ndim=[1, 3], layout=["", "HWC"], no_copy=True, cycle="raise")
+            return image_graph(dali, enc, spec, gpu, input, pixels=px)
         kw = {}
         if input is Input.PIXELS:  # decoded HWC pixels, on the device they were decoded on
             kw = dict(device="gpu" if gpu else "cpu", ndim=3, layout="HWC")
@@ -292,19 +330,20 @@ def build_pipeline(
 
     pipe = make_pipeline(graph, spec, batch_size, gpu=gpu, device_id=device_id,
                          num_threads=num_threads, prefetch_queue_depth=prefetch_queue_depth,
-                         input=input, seed=seed)
+                         input=input, seed=seed, conditionals=host_pixels)
     pipe.build()
     return pipe
 
 
 def make_pipeline(graph, spec: ImageSpec, batch_size: int, *, gpu: bool, device_id: int | None,
                   num_threads: int | None, prefetch_queue_depth: int, input: Input,
-                  seed: int = 0):
-    """The (unbuilt) DALI pipeline of `graph()`, with the loader's settings."""
+                  seed: int = 0, conditionals: bool = False):
+    """The (unbuilt) DALI pipeline of `graph()`, with the loader's settings;
+    `conditionals`: the graph branches per sample whatever `input` is."""
     dali = import_dali()
     return dali.pipeline_def(
         graph,
-        enable_conditionals=(input is Input.FILES_OR_RAW
+        enable_conditionals=(conditionals or input is Input.FILES_OR_RAW
                              or (spec.channels == 4 and input is Input.FILES)),
         batch_size=batch_size,
         num_threads=num_threads or default_num_threads(),

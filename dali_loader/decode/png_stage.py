@@ -14,8 +14,8 @@ GIL is released while Wuffs works, at most `num_threads` at once:
   batch; nothing is decoded in the graph).
 - `RawOrCheckedItems`: item reader for the DALI path: a PNG becomes a raw pixel
   entry (`ready_forms.ReadyForm.RAW`) that DALI only reshapes; other files, and
-  PNGs over `RAW_MAX_PIXELS`, stay checked bytes that DALI decodes (JPEG with
-  nvJPEG on a GPU).
+  PNGs over `BIG_PNG_PIXELS`, stay checked bytes that DALI decodes (JPEG with
+  nvJPEG on a GPU; big PNGs on the CPU: TF, as their batch enters DALI).
 A file TF rejects raises `CorruptImageError` naming it: the feed's `on_error`.
 """
 
@@ -159,16 +159,21 @@ class PixelItems:
         pass
 
 
-# PNGs above this many pixels go to DALI's own decoder on the DALI path: their raw
-# entry would be a second and third copy of the pixels (the decoder's, the entry,
-# DALI's), where DALI decodes into its own buffer once. Measured: one 20000x20000 PNG
-# under an 8 GiB address-space limit (tests/test_hostile.py).
-RAW_MAX_PIXELS = 1 << 26
+# PNGs above this many pixels (about 8200x8200) are not decoded on the feed's
+# threads: decoded pixels wait in the read-ahead window, where a few such images
+# would take GBs, and a raw entry is more copies of them (the decoder's, the
+# entry, DALI's). On the DALI path they stay checked bytes: on the CPU, TF decodes
+# them as their batch enters DALI (`dali_batches._Slot`, one copy); on a GPU,
+# DALI's decoder does.
+BIG_PNG_PIXELS = 1 << 26
 
 
-def _huge(data: bytes) -> bool:
+def big_png(data: bytes) -> bool:
+    """Whether `data` is a PNG whose header claims over `BIG_PNG_PIXELS` pixels."""
+    if data[:8] != png_cpu.SIGNATURE:
+        return False
     size = image_size(data)
-    return size is not None and size[0] * size[1] > RAW_MAX_PIXELS
+    return size is not None and size[0] * size[1] > BIG_PNG_PIXELS
 
 
 class RawOrCheckedItems(PixelItems):
@@ -178,7 +183,7 @@ class RawOrCheckedItems(PixelItems):
 
     def __call__(self, path: str, tally=None) -> bytes:
         data = read_bytes(self.source, path)
-        if data[:8] == png_cpu.SIGNATURE and not _huge(data):
+        if data[:8] == png_cpu.SIGNATURE and not big_png(data):
             return encode_raw(self.pixels(data, path, tally))
         data = prepare(data, path, rgba=self.pixels.channels == 4,
                        max_pixels=self.pixels.max_pixels)
