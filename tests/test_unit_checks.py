@@ -319,10 +319,14 @@ def test_image_size_from_the_header(fmt):
     assert image_size(encode(arr, fmt)) == (11, 7)
 
 
-def test_max_pixels_refuses_a_huge_header_naming_the_file():
+def test_max_pixels_refuses_a_huge_header_naming_the_file(monkeypatch):
     """A header claiming 2**37 pixels is refused before any decoder allocates
-    them; a real image passes; None lifts the limit."""
+    them; a real image passes; None lifts the limit (up to what this machine's
+    memory holds, where DALI's decoder is concerned)."""
+    from dali_loader.feed import checks
     from dali_loader.testing.mutate import huge_header_png
+
+    monkeypatch.setattr(checks, "_physical_memory", lambda: 1 << 50)
 
     with pytest.raises(CorruptImageError, match=r"bomb\.png.*1048576x131072.*over the limit"):
         prepare(huge_header_png(1 << 20, 1 << 17), "bomb.png")
@@ -330,6 +334,10 @@ def test_max_pixels_refuses_a_huge_header_naming_the_file():
         prepare(GOOD, "small.png", max_pixels=5)
     assert prepare(GOOD, "x.png", max_pixels=6) == GOOD
     assert prepare(huge_header_png(), "x.png", max_pixels=None)
+    if checks._nvimgcodec() is not None:
+        monkeypatch.setattr(checks, "_physical_memory", lambda: 1 << 30)
+        with pytest.raises(CorruptImageError, match="more than this machine's memory"):
+            prepare(huge_header_png(), "x.png", max_pixels=None)
     with pytest.raises(ValueError, match="Received: max_pixels=0"):
         check_max_pixels(0)
 
@@ -349,3 +357,34 @@ def test_png_chunk_type_letters_and_image_data_like_libpng():
     cut = chunk(b"IDAT", zlib.compress(b"\x00" + bytes(9) * 2 + b"\x00" * 50)[:-8])
     assert png_data_problem(png(ihdr(), cut, IEND)) in ("the image data stream ends early",
                                                         "not enough image data")
+
+
+def test_decoder_header_problem_refuses_what_dalis_parser_cannot_take(pngsuite):
+    """What DALI 2.4's decoder would fail on in its shared setup step (a segfault
+    for batches of 32 or more) is refused by `prepare`, naming the file; sound
+    files of every kind DALI gets pass unchanged."""
+    pytest.importorskip("nvidia.nvimgcodec")
+    from dali_loader.feed.checks import decoder_header_problem
+
+    rng = np.random.default_rng(0)
+    bad_jpeg = b"\xff\xd8\xff\xe0" + rng.integers(0, 256, 300, dtype=np.uint8).tobytes()
+    bad_bmp = (b"BM" + struct.pack("<IHHI", 400, 0, 0, 54) + struct.pack("<IiiHH", 7, 32, 32, 1, 24)
+               + rng.integers(0, 256, 300, dtype=np.uint8).tobytes())
+    huge16 = (PNG_SIGNATURE + ihdr(32, (1 << 31) - 1, depth=16)
+              + chunk(b"IDAT", zlib.compress(b"\0" * 97)) + chunk(b"IEND", b""))
+    for data, words in ((bad_jpeg, "cannot read its header"), (bad_bmp, "cannot read its header"),
+                        (huge16, "more than this machine's memory")):
+        assert words in decoder_header_problem(data)
+        with pytest.raises(CorruptImageError, match=words) as e:
+            prepare(data, "x/bad.img", max_pixels=None)
+        assert e.value.path == "x/bad.img"
+    pixels = rng.integers(0, 256, (30, 40, 3), np.uint8)
+    for fmt in ("JPEG", "BMP", "PNG", "GIF"):
+        buf = io.BytesIO()
+        Image.fromarray(pixels).save(buf, format=fmt)
+        out = prepare(buf.getvalue(), "x/good.img")
+        assert decoder_header_problem(out) is None, fmt
+        if fmt != "GIF":  # DALI gets a GIF as a PNG
+            assert out == buf.getvalue()
+    for f in sorted(pngsuite.glob("[!x]*.png")):
+        assert decoder_header_problem(prepare(f.read_bytes(), str(f))) is None, f.name

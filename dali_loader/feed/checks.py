@@ -397,9 +397,56 @@ def _conversion_error(path: str, what: str, e: BaseException) -> CorruptImageErr
     return CorruptImageError(path, f"bad {what} ({type(e).__name__}: {e})")
 
 
+def _nvimgcodec():
+    """nvImageCodec's Python module, or None (DALI 2.4 depends on it)."""
+    try:
+        import nvidia.nvimgcodec as nvimgcodec
+    except ImportError:
+        return None
+    return nvimgcodec
+
+
+def _physical_memory() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # pragma: no cover - not Linux
+        return None
+
+
+def decoder_header_problem(data: bytes) -> str | None:
+    """Why DALI's image decoder must not get `data` (or None): nvImageCodec, the
+    parser DALI 2.4's decoder runs on every sample first, cannot read its header,
+    or the image it claims would not fit in this machine's memory.
+
+    Why before DALI: for a batch of 32 or more samples, DALI 2.4's `ImageDecoder`
+    shares that parse (and the output's allocation) between its executor thread
+    and its thread pool, and an exception on the executor's share leaves without
+    waiting for the pool, whose workers go on through the freed stack frame: a
+    segmentation fault (`RunImplImpl` in include/dali/operators/imgcodec/
+    image_decoder.h of the DALI 2.4.0 wheel; reproduced here with one corrupt
+    JPEG or BMP among 63 PNGs, batch 32: docs/architecture.md)."""
+    nvimgcodec = _nvimgcodec()
+    if nvimgcodec is None:
+        return None
+    try:
+        stream = nvimgcodec.CodeStream(data)
+        w, h, c, dtype = stream.width, stream.height, stream.num_channels, stream.dtype
+    except Exception as e:  # noqa: BLE001 - nvImageCodec raises RuntimeError; any is the file's
+        return f"DALI's image decoder cannot read its header (nvImageCodec: {e})"
+    itemsize = getattr(dtype, "itemsize", 0)
+    if w <= 0 or h <= 0 or c <= 0 or not itemsize:
+        return (f"DALI's image decoder cannot read its header (nvImageCodec: {w}x{h}, "
+                f"{c} channels of {dtype})")
+    need, memory = w * h * max(c, 4) * itemsize, _physical_memory()
+    if memory and need > memory:
+        return (f"its header claims {w}x{h} pixels of {c}x{dtype}: {need} bytes to decode, more "
+                f"than this machine's memory ({memory} bytes)")
+    return None
+
+
 def prepare(data: bytes, path: str, rgba: bool = False,
             max_pixels: int | None = DEFAULT_MAX_PIXELS) -> bytes:
-    """Checks encoded bytes and returns what the decoder should get.
+    """Checks encoded bytes and returns what the decoder (DALI's) should get.
 
     Args:
         data: The file's bytes.
@@ -408,8 +455,17 @@ def prepare(data: bytes, path: str, rgba: bool = False,
         max_pixels: Refuse images whose header claims more pixels (None: no limit).
 
     Raises:
-        CorruptImageError: naming `path`, when the bytes are not a sound image.
+        CorruptImageError: naming `path`, when the bytes are not a sound image
+            (or not one DALI's decoder can take: `decoder_header_problem`).
     """
+    data = _prepared(data, path, rgba, max_pixels)
+    problem = decoder_header_problem(data)
+    if problem:
+        raise CorruptImageError(path, problem)
+    return data
+
+
+def _prepared(data: bytes, path: str, rgba: bool, max_pixels: int | None) -> bytes:
     if not data:
         raise CorruptImageError(path, "the file is empty")
     kind = sniff(data)
