@@ -21,9 +21,7 @@ ends DALI's input and the epoch raises it.
 from __future__ import annotations
 
 import collections
-import ctypes
 import logging
-import os
 import threading
 import time
 from collections.abc import Iterator
@@ -45,39 +43,11 @@ from dali_loader.errors import CorruptImageError
 from dali_loader.exiting import exiting, track
 from dali_loader.feed.epochs import Chunk, Feed, FeedEpoch
 from dali_loader.lazy import import_tf
+from dali_loader.malloc import trim_freed_memory
 
 logger = logging.getLogger(__name__)
 
 _IDLE_PIPELINES = 2  # idle pipelines kept for later epochs
-# glibc's M_TRIM_THRESHOLD (mallopt's -1), and the value TF's own `from_generator`
-# sets when its first iterator starts ("Memory patch applied: M_TRIM_THRESHOLD=128 kb").
-_M_TRIM_THRESHOLD = -1
-_TRIM_BYTES = 128 * 1024
-_trim_set = False
-
-
-def trim_freed_memory() -> None:
-    """Lets glibc hand freed heap memory back above 128 KB, once per process, as TF does.
-
-    DALI's batches are freed and allocated again every epoch; with glibc's default
-    (dynamic) trim threshold the freed tops of its heaps are kept, and RSS creeps up
-    epoch after epoch (measured: 25 epochs of `DaliBatches` without TF, +34 MB after
-    epoch 5; with this, +1.3 MB; docs/architecture.md, "Memory over many epochs").
-    A trim threshold the user set (`MALLOC_TRIM_THRESHOLD_`, `GLIBC_TUNABLES`) wins;
-    not glibc: nothing to do."""
-    global _trim_set
-    if _trim_set:
-        return
-    _trim_set = True
-    if ("MALLOC_TRIM_THRESHOLD_" in os.environ
-            or "glibc.malloc.trim_threshold" in os.environ.get("GLIBC_TUNABLES", "")):
-        return
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):  # not glibc
-        return
-    if mallopt(_M_TRIM_THRESHOLD, _TRIM_BYTES) == 1:
-        logger.debug("glibc's M_TRIM_THRESHOLD set to %d bytes", _TRIM_BYTES)
 
 
 class HostPixels:

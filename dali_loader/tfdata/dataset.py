@@ -67,6 +67,7 @@ from dali_loader.feed.items import (
 from dali_loader.feed.ready import ReadyBytes, ReadyCache, ReadyPinned
 from dali_loader.index import Index
 from dali_loader.lazy import import_tf
+from dali_loader.malloc import keep_read_buffers
 from dali_loader.storage.source import Source, SourceKind
 from dali_loader.tfdata.audit import END, AuditRegistry, Auditor
 from dali_loader.tfdata.dali_plugin import Handoff, plugin_dataset, resolve_handoff
@@ -398,6 +399,7 @@ class _TFKernelEpochs:
         return [END_MARKER], np.asarray([-1], np.int64)
 
     def epoch(self):
+        keep_read_buffers()  # after TF's own setting for from_generator (dali_loader.malloc)
         registry = self.registry
         auditor = Auditor(lambda: self.feed.epoch(*self.which), self.diagnose)
         token = registry.open(auditor)
