@@ -258,12 +258,13 @@ def to_tf_dataset(loader: DaliBatches | Feed, spec: ImageSpec, batch_size: int |
     else:
         ds, audits = _tf_kernel_dataset(tf, loader, spec, batch_size, num_threads, which)
         feed = loader
+    plain = tf.autograph.experimental.do_not_convert  # see _tf_kernel_dataset
     if label_mode is None:
-        ds = ds.map(lambda x, y: x)
+        ds = ds.map(plain(lambda x, y: x))
     elif label_mode == "categorical":
-        ds = ds.map(lambda x, y: (x, tf.one_hot(y, num_classes)))
+        ds = ds.map(plain(lambda x, y: (x, tf.one_hot(y, num_classes))))
     elif label_mode == "binary":
-        ds = ds.map(lambda x, y: (x, tf.expand_dims(tf.cast(y, "float32"), -1)))
+        ds = ds.map(plain(lambda x, y: (x, tf.expand_dims(tf.cast(y, "float32"), -1))))
     size = _cardinality(feed, batch_size, epoch, start_step)
     if size is not None:
         ds = ds.apply(tf.data.experimental.assert_cardinality(size))
@@ -462,8 +463,11 @@ def _tf_kernel_dataset(tf, feed: Feed, spec: ImageSpec, batch_size: int | None,
         def decode(data, key):
             return decode_like_keras(read(data), spec, tf), key
 
+    # The graph functions are plain TF (no Python control flow on tensors): not
+    # converted by AutoGraph, which cost about 0.5 s of every construction.
+    plain = tf.autograph.experimental.do_not_convert
     ds = ds.unbatch().map(
-        decode,
+        plain(decode),
         # One decode per core (or per `num_threads`) from the first batch
         # on: AUTOTUNE ramps up over a few batches, which short epochs feel.
         num_parallel_calls=num_threads or default_num_threads(),
@@ -480,7 +484,8 @@ def _tf_kernel_dataset(tf, feed: Feed, spec: ImageSpec, batch_size: int | None,
         return tf.cond(  # drop the marker; no copy for the other batches
             end, lambda: (x[:-1], y[:-1]), lambda: (tf.identity(x), y))
 
-    ds = ds.batch(batch_size or 32).map(audit).filter(lambda x, y: tf.shape(x)[0] > 0)
+    ds = ds.batch(batch_size or 32).map(plain(audit)).filter(
+        plain(lambda x, y: tf.shape(x)[0] > 0))
     return (ds.unbatch() if batch_size is None else ds), epochs.registry
 
 
@@ -608,7 +613,8 @@ def _ready_dataset(tf, feed: Feed, spec: ImageSpec, batch_size: int | None,
     ds = tf.data.Dataset.from_generator(_weakly(epochs, "epoch", lambda: iter(())),
                                         output_signature=sig)
     ds._dali_epochs = epochs  # held by every dataset and iterator derived from it
-    ds = ds.map(lambda flat, shapes, offsets, y: (resize_ready_batch(flat, shapes, offsets,
-                                                                     spec, tf), y),
+    ds = ds.map(tf.autograph.experimental.do_not_convert(
+                    lambda flat, shapes, offsets, y: (resize_ready_batch(flat, shapes, offsets,
+                                                                         spec, tf), y)),
                 num_parallel_calls=num_threads or default_num_threads(), deterministic=True)
     return ds.unbatch() if batch_size is None else ds
