@@ -141,3 +141,23 @@ def test_headers_are_read_once_per_file_while_they_pass(tmp_path, monkeypatch):
         else:  # then only the refused one
             assert peeks[41:] == [str(bomb)] * epoch
     assert "over the limit of 100000000" in ds._dali_loader.skipped[str(bomb)]
+
+
+def test_the_audit_of_a_gone_dataset_passes_batches_through():
+    """A weakly called target that is gone gets its default with the call's
+    arguments: the audit's stand-in returns one label per key, no marker."""
+    import gc
+
+    from dali_loader.tfdata.weak import weakly
+
+    class Target:
+        def check(self, keys):
+            return "live", keys
+
+    t = Target()
+    call = weakly(t, "check", dataset_mod._no_check)
+    assert call(np.arange(3))[0] == "live"
+    del t
+    gc.collect()
+    labels, end = call(np.arange(5, dtype=np.int64))
+    assert labels.tolist() == [0] * 5 and not end

@@ -13,6 +13,7 @@ frame (what `tf.io.decode_image(..., expand_animations=False)` returns).
 
 from __future__ import annotations
 
+import functools
 import io
 import os
 import struct
@@ -406,6 +407,7 @@ def _nvimgcodec():
     return nvimgcodec
 
 
+@functools.cache
 def _physical_memory() -> int | None:
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")

@@ -8,7 +8,7 @@ from dali_loader.exiting import call_guarded
 
 
 def weakly(obj, method: str, default):
-    """`obj.method`, called through a weak reference.
+    """`obj.method`, called through a weak reference (`default(*args)` once `obj` is gone).
 
     TF keeps every py_function of a tf.data pipeline alive for the life of the
     process (they are registered on the outermost graph, see `script_ops`), so
@@ -24,6 +24,6 @@ def weakly(obj, method: str, default):
 
     def call(*args):
         target = ref()
-        return default() if target is None else call_guarded(getattr(target, method), *args)
+        return default(*args) if target is None else call_guarded(getattr(target, method), *args)
 
     return call
