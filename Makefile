@@ -24,6 +24,9 @@ $(STAMP): pyproject.toml Makefile
 	# 3. The project, editable, with its test and benchmark extras and the fast PNG
 	#    decoder (pywuffs: an sdist, about a minute of g++).
 	$(VPY) -m pip install -q -e ".[test,bench,png]"
+	# 4c. The native PNG core as a DALI CPU operator (after the core's build): DALI's
+	#     headers need CUDA's, whose include folders it fetches (pip download, no toolkit).
+	$(VPY) -m dali_loader.native.build_dali
 	touch $(STAMP)
 
 test: install
