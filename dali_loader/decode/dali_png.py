@@ -68,5 +68,20 @@ def png_decode(dali, encoded, channels: int, max_pixels: int | None):
     call only after `load()` returned True. `max_pixels` None: no limit."""
     if channels not in (1, 3, 4):
         raise ValueError(f"`channels` must be 1, 3 or 4. Received: channels={channels}")
+    if not load():
+        raise RuntimeError(f"The native PNG decoder for DALI is not available: "
+                           f"{unavailable_reason()}")
     return dali.fn.dali_loader.png_decode(encoded, channels=channels,
                                           max_pixels=int(max_pixels or 0))
+
+
+def use_native(png_decoder, *, gpu_with_jpegs: bool) -> bool:
+    """Whether the DALI path decodes PNGs with this operator (each epoch, `Input.FILES`):
+    the default (`png_decoder=None`) where it is built and loads (else DALI's decoder,
+    said once). `"libpng"` keeps DALI's decoder; `"wuffs"` and `"gpu"` decode before
+    DALI. On a GPU, not for a folder with JPEGs: there DALI's `mixed` decoder decodes
+    every file (nvJPEG), and a `mixed` decoder inside a per-sample branch is not in
+    DALI's conditionals documentation (`dali_graph._input_pixels`)."""
+    if png_decoder is not None or gpu_with_jpegs:
+        return False
+    return load()
