@@ -37,10 +37,14 @@ int dl_png_plan_decode(const uint8_t* data, size_t size, int channels, uint64_t 
     if (!memcmp(type, "tRNS", 4) || !memcmp(type, "gAMA", 4) || !memcmp(type, "sRGB", 4) ||
         !memcmp(type, "iCCP", 4) || !memcmp(type, "cHRM", 4) || !memcmp(type, "sBIT", 4))
       return DL_PNG_FALLBACK;
-    if (!memcmp(type, "IEND", 4)) break;
     if (len > size - pos - 12) return DL_PNG_FALLBACK;
+    if (!memcmp(type, "IEND", 4)) {
+      if (len != 0 || pos + 12 != size) return DL_PNG_FALLBACK;
+      break;
+    }
     pos += 12 + (size_t)len;
   }
+  if (pos + 12 != size) return DL_PNG_FALLBACK; /* no IEND, or bytes after it */
   *reason = NULL;
   return DL_PNG_OK;
 }
