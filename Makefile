@@ -24,8 +24,11 @@ $(STAMP): pyproject.toml Makefile
 	# 3. The project, editable, with its test and benchmark extras and the fast PNG
 	#    decoder (pywuffs: an sdist, about a minute of g++).
 	$(VPY) -m pip install -q -e ".[test,bench,png]"
-	# 4c. The native PNG core as a DALI CPU operator (after the core's build): DALI's
-	#     headers need CUDA's, whose include folders it fetches (pip download, no toolkit).
+	# 4. The native PNG core (Wuffs' C from the pywuffs sdist + png_core.cc, a few s of g++).
+	$(VPY) -m dali_loader.native.build
+	# 6. The core as a DALI CPU operator (about 5 s of g++). DALI's headers include CUDA's:
+	#    their include folders come from three pinned NVIDIA wheels (pip download, kept
+	#    under _build/; nothing installed, no CUDA toolkit).
 	$(VPY) -m dali_loader.native.build_dali
 	touch $(STAMP)
 

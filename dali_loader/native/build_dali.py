@@ -2,7 +2,9 @@
 
 `python -m dali_loader.native.build_dali` (run by `make install` after the core's
 build, `python -m dali_loader.native.build`). It compiles `dali_png_op.cc` with
-`nvidia.dali.sysconfig`'s include, compile and link flags and links the core.
+`nvidia.dali.sysconfig`'s include, compile and link flags and links the shared core
+(`_build/libdlpng.so`, found through $ORIGIN; `build.link_flags()`, which builds it
+if needed).
 
 DALI's headers include CUDA's (`cuda_runtime.h`, `crt/host_config.h`, `nv/target`).
 No CUDA toolkit or GPU is needed: the build takes only the include folders of three
@@ -24,6 +26,8 @@ import tempfile
 import time
 import zipfile
 
+from dali_loader.native import build as core_build
+
 logger = logging.getLogger(__name__)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -31,8 +35,6 @@ ROOT = os.path.dirname(os.path.dirname(HERE))  # what `#include "dali_loader/...
 BUILD_DIR = os.path.join(HERE, "_build")
 OP_SOURCE = os.path.join(HERE, "dali_png_op.cc")
 OP_LIBRARY = os.path.join(BUILD_DIR, "dl_dali_png.so")
-CORE_LIBRARY = os.path.join(BUILD_DIR, "libdlpng.so")
-STUB_SOURCE = os.path.join(HERE, "png_core_stub.c")
 CUDA_INCLUDE_DIR = os.path.join(BUILD_DIR, "cuda_include")
 
 # The wheels whose include folders DALI's headers need, and the header that shows
@@ -102,50 +104,27 @@ def cuda_include_dirs() -> list[str]:
             for package, folder, header in CUDA_HEADER_WHEELS]
 
 
-def _core_link_args() -> tuple[list[str], list[str]]:
-    """(sources, link args) for the core: `libdlpng.so` beside the operator when
-    `dali_loader.native.build` has built it; else the stand-in `png_core_stub.c`
-    (libpng, 8-bit plain PNGs only) compiled into the operator."""
-    if os.path.exists(CORE_LIBRARY):
-        return [], ["-L" + BUILD_DIR, "-ldlpng", "-Wl,-rpath,$ORIGIN"]
-    logger.warning("The native PNG core (%s) is not built: the DALI operator links the "
-                   "stand-in %s.", CORE_LIBRARY, os.path.basename(STUB_SOURCE))
-    return [STUB_SOURCE], ["-lpng"]
-
-
-def _ignore_build_dir() -> None:
-    """`_build/` holds build outputs only: git ignores it (a `.gitignore` of `*` inside)."""
-    os.makedirs(BUILD_DIR, exist_ok=True)
-    path = os.path.join(BUILD_DIR, ".gitignore")
-    if not os.path.exists(path):
-        with open(path, "w") as f:
-            f.write("*\n")
-
-
 def build(output: str = OP_LIBRARY, cxx: str | None = None) -> str:
-    """Compiles the operator into `output` (atomically) and returns its path."""
+    """Compiles the operator into `output` (atomically; beside the core, which it finds
+    through $ORIGIN) and returns its path."""
     dali_sysconfig = _dali_sysconfig()
     cxx = cxx or os.environ.get("CXX", "g++")
     os.makedirs(os.path.dirname(output), exist_ok=True)
-    _ignore_build_dir()
     includes = [f"-I{d}" for d in cuda_include_dirs()]
-    sources, core_link = _core_link_args()
-    objects = []
+    core_link = core_build.link_flags()  # builds the core if needed
     tmpdir = tempfile.mkdtemp(dir=os.path.dirname(output))
     try:
-        for src in sources:  # the stand-in core, as C
-            obj = os.path.join(tmpdir, os.path.basename(src) + ".o")
-            subprocess.run(["gcc", "-O2", "-fPIC", f"-I{ROOT}", "-c", src, "-o", obj],
-                           check=True)
-            objects.append(obj)
         tmp_out = os.path.join(tmpdir, os.path.basename(output))
         cmd = [cxx, "-std=c++17", "-O2", "-fPIC", "-shared", "-fvisibility=hidden",
-               OP_SOURCE, *objects, f"-I{ROOT}", *includes,
+               OP_SOURCE, f"-I{ROOT}", *includes,
                *dali_sysconfig.get_compile_flags(), "-o", tmp_out,
                *dali_sysconfig.get_link_flags(), *core_link]
         t0 = time.perf_counter()
         logger.info("Building the DALI PNG operator: %s", " ".join(cmd))
-        subprocess.run(cmd, check=True)
+        run = subprocess.run(cmd, capture_output=True, text=True)
+        if run.returncode:
+            raise RuntimeError(f"Building {os.path.basename(output)} failed:\n{' '.join(cmd)}\n"
+                               f"{run.stderr[-4000:]}")
         os.replace(tmp_out, output)
         logger.info("Built %s in %.1f s.", output, time.perf_counter() - t0)
     finally:
@@ -154,11 +133,13 @@ def build(output: str = OP_LIBRARY, cxx: str | None = None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--output", default=OP_LIBRARY)
-    args = parser.parse_args(argv)
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    print(build(args.output))
+    try:
+        build()
+    except (RuntimeError, ImportError, FileNotFoundError) as e:
+        logger.error("%s", e)
+        return 1
     return 0
 
 
