@@ -22,7 +22,8 @@ import numpy as np
 import pytest
 
 from conftest import _photo, save
-from dali_loader.decode import dali_png
+from dali_loader.decode import dali_png, png_native
+from dali_loader.testing import png_corpus
 from dali_loader.testing.mutate import corpus as mutants
 from dali_loader.testing.pngs import broken_streams, chunk, encode_png, photo
 from tf_adapter.dataset import image_dataset_from_directory as ours
@@ -129,6 +130,31 @@ def test_operator_pixels_are_tf_decode_png_where_ok(mode):
     # an 8-bit, plain PNG of the output's own colour type: what every core takes
     own = {1: "grey.png", 3: "rgb.png", 4: "rgba.png"}[channels]
     assert ok[names.index(own)]
+
+
+@needs_op
+@pytest.mark.parametrize("mode", list(MODES))
+def test_operator_on_the_generated_corpus_and_its_mutants(mode):
+    """The generated corpus (every colour type x depth x interlace x ancillary variant,
+    and corrupt files) and 300 of its mutants: where ok, exactly TF's pixels; never ok
+    where TF refuses; ok exactly where the core (through ctypes) decodes the file."""
+    channels = MODES[mode]
+    files = png_corpus.corpus()
+    sound = [b for n, b in sorted(files.items()) if not n.startswith("x")]
+    files.update({f"m{n}": b for n, b in mutants(sound, 300, seed=27)})
+    names = sorted(files)
+    pixels, ok = _op_outputs([files[n] for n in names], channels)
+    for name, px, good in zip(names, pixels, ok):
+        core = png_native.decode_png(files[name], channels)
+        assert good == isinstance(core, np.ndarray), name
+        if good:
+            want = _tf_decode(files[name], channels)
+            assert want is not None, f"{name}: the operator decoded a file TF refuses"
+            np.testing.assert_array_equal(px, want, err_msg=name)
+            np.testing.assert_array_equal(px, core, err_msg=name)
+        else:
+            assert px.shape == (0, 0, channels), name
+    assert sum(ok) > len(sound) // 2, (sum(ok), len(sound))
 
 
 # ---- through the dataset ---------------------------------------------------------------
