@@ -352,3 +352,16 @@ def test_unbuilt_operator_keeps_dalis_decoder_said_once(monkeypatch, caplog, tmp
     said = [r for r in caplog.records if "not available" in r.getMessage()]
     assert len(said) == 1 and "missing.so" in said[0].getMessage()
     assert "build_dali" in said[0].getMessage()
+
+
+@needs_op
+def test_open_loader_decodes_pngs_with_the_operator(trees):
+    """The TF-free entry point (`dali_loader.api.open_loader`) takes the same default."""
+    from dali_loader.api import open_loader
+
+    good, _ = trees["rgb"]
+    loader = open_loader(str(good), batch_size=5, image_size=(H, W), shuffle=False)
+    assert loader.png_native
+    n = sum(len(x) for x, _ in loader)
+    (stats,) = loader.epoch_stats
+    assert n == stats["files"] and 0 < stats["png_native"] <= len(_pngs(good))
