@@ -4,7 +4,9 @@ Decode, colour conversion, crop/pad to aspect ratio and resize, written so the
 pixels match `tf.io.decode_image` + `tf.image.resize` (what Keras does) and the
 integer crop/pad geometry is Keras's own arithmetic. On a GPU the decoder is
 `mixed` (JPEG decodes on the GPU; PNG is decoded on the CPU by nvImageCodec and
-uploaded) and resize runs on the GPU.
+uploaded) and resize runs on the GPU. With `png_native`, PNGs are decoded by the
+native core's DALI CPU operator (`dali_png`) and the files it leaves by DALI's
+decoder on the CPU, in a per-sample branch; on a GPU the pixels are then uploaded.
 """
 
 from __future__ import annotations
