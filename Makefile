@@ -24,6 +24,8 @@ $(STAMP): pyproject.toml Makefile
 	# 3. The project, editable, with its test and benchmark extras and the fast PNG
 	#    decoder (pywuffs: an sdist, about a minute of g++).
 	$(VPY) -m pip install -q -e ".[test,bench,png]"
+	# 4. The TF op of the native PNG core (after the core, `dali_loader.native.build`).
+	$(VPY) -m dali_loader.native.build_tf
 	touch $(STAMP)
 
 test: install
