@@ -294,7 +294,8 @@ def image_dataset_from_directory(
             'libpng there. Pass png_decoder=None (or "libpng") with `service`. '
             f"Received: png_decoder={png_decoder!r}, service={service!r}")
     png_gpu = resolve_png_decoder(png_decoder, device=device, decoder=decoder,
-                                  gpu_ready=gpu_ready) is PngDecoder.GPU
+                                  gpu_ready=gpu_ready,
+                                  service=address is not None) is PngDecoder.GPU
     if gpu_ready is ReadyForm.TIFF and device == "gpu" and not TIFF_GPU_DECODE_VERIFIED:
         logger.warning(
             'gpu_ready="tiff": whether DALI decodes these TIFFs on the GPU is unverified; on a '
