@@ -24,7 +24,9 @@ $(STAMP): pyproject.toml Makefile
 	# 3. The project, editable, with its test and benchmark extras and the fast PNG
 	#    decoder (pywuffs: an sdist, about a minute of g++).
 	$(VPY) -m pip install -q -e ".[test,bench,png]"
-	# 4. The TF op of the native PNG core (after the core, `dali_loader.native.build`).
+	# 4. The native PNG core (Wuffs' C from the pywuffs sdist + png_core.cc, a few s of g++).
+	$(VPY) -m dali_loader.native.build
+	# 5. The core as a TF op, against the installed TF (about 15 s of g++).
 	$(VPY) -m dali_loader.native.build_tf
 	touch $(STAMP)
 

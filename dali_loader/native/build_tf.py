@@ -22,7 +22,6 @@ logger = logging.getLogger(__name__)
 HERE = Path(__file__).resolve().parent
 SOURCE = HERE / "tf_png_op.cc"
 BUILD_DIR = HERE / "_build"
-CORE_LIB = BUILD_DIR / "libdlpng.so"
 OUTPUT = BUILD_DIR / "dl_tf_png.so"
 
 
@@ -45,20 +44,21 @@ def _tf_flags() -> tuple[list[str], list[str]]:
 
 
 def command(cxx: str = "g++", output: Path = OUTPUT) -> list[str]:
-    """The g++ command line that builds the op."""
+    """The g++ command line that builds the op (building the core first if needed)."""
+    from dali_loader.native import build as core
+
     compile_flags, link_flags = _tf_flags()
     return [cxx, "-shared", "-fPIC", "-O2", "-fvisibility=hidden", "-Wall",
             # TF's own headers warn under g++ 12 (deprecations, sign compares).
-            "-Wno-deprecated-declarations", "-Wno-sign-compare", "-Wno-interference-size", *compile_flags, f"-I{HERE}", str(SOURCE), "-o", str(output),
-            f"-L{BUILD_DIR}", "-l:libdlpng.so", "-Wl,-rpath,$ORIGIN", *link_flags]
+            "-Wno-deprecated-declarations", "-Wno-sign-compare", "-Wno-interference-size",
+            *compile_flags, f"-I{HERE}", str(SOURCE), "-o", str(output),
+            *core.link_flags(), *link_flags]
 
 
 def build(cxx: str | None = None, output: Path = OUTPUT) -> Path:
-    """Compiles the op; returns its path. Raises FileNotFoundError when the core
-    is not built yet, CalledProcessError when g++ fails."""
-    if not CORE_LIB.exists():
-        raise FileNotFoundError(f"The native PNG core is not built: {CORE_LIB} is missing. "
-                                "Run `python -m dali_loader.native.build` first (or `make install`).")
+    """Compiles the op against the shared core (`build.link_flags`: `_build/libdlpng.so`
+    through $ORIGIN, built first if needed); returns its path. Raises
+    CalledProcessError when g++ fails."""
     output.parent.mkdir(parents=True, exist_ok=True)
     cmd = command(cxx or os.environ.get("CXX", "g++"), output)
     logger.info("%s", shlex.join(cmd))

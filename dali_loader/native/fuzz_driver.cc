@@ -1,0 +1,76 @@
+// Fuzz driver of the native PNG core: built with the core under ASan + UBSan by
+// `python -m dali_loader.native.build --sanitize` (-> _build/asan/fuzz_driver).
+//
+// stdin: records, each a little-endian uint32 length then that many bytes (a file).
+// Each file is planned and decoded in 1, 3 and 4 channels into a buffer of exactly
+// dl_png_output_size bytes (so any overrun is a heap-buffer-overflow), with
+// max_pixels from argv[1] (default 1 << 28). A sanitizer finding aborts the process
+// (-fno-sanitize-recover=all). With argv[2] == "-v", one line per file and mode:
+// "ok <fnv1a of the pixels>" or "fallback". Last line: "files N ok K fallback F".
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include <vector>
+
+#include "png_core.h"
+
+int main(int argc, char** argv) {
+  const uint64_t max_pixels = argc > 1 ? strtoull(argv[1], nullptr, 10) : (1ull << 28);
+  const bool verbose = argc > 2 && argv[2][0] == '-' && argv[2][1] == 'v';
+  std::vector<uint8_t> data;
+  uint64_t files = 0, ok = 0, fallback = 0;
+  for (;;) {
+    uint8_t len_bytes[4];
+    if (fread(len_bytes, 1, 4, stdin) != 4) break;
+    const uint32_t n = len_bytes[0] | (len_bytes[1] << 8) | (len_bytes[2] << 16) |
+                       (uint32_t{len_bytes[3]} << 24);
+    // An exact-size heap copy: reads past the end are caught too.
+    uint8_t* file = static_cast<uint8_t*>(malloc(n ? n : 1));
+    if (file == nullptr || fread(file, 1, n, stdin) != n) {
+      fprintf(stderr, "short record\n");
+      return 2;
+    }
+    files++;
+    for (int channels : {1, 3, 4}) {
+      dl_png_plan plan;
+      const char* reason = nullptr;
+      int rc = dl_png_plan_decode(file, n, channels, max_pixels, &plan, &reason);
+      uint64_t hash = 1469598103934665603ull;
+      if (rc == DL_PNG_OK) {
+        const size_t size = dl_png_output_size(&plan);
+        if (uint64_t{plan.width} * plan.height > max_pixels) {
+          fprintf(stderr, "planned %ux%u over max_pixels\n", plan.width, plan.height);
+          return 3;
+        }
+        uint8_t* out = static_cast<uint8_t*>(malloc(size));
+        rc = dl_png_decode_into(file, n, &plan, out, size, &reason);
+        if (rc == DL_PNG_OK) {
+          for (size_t i = 0; i < size; i++) hash = (hash ^ out[i]) * 1099511628211ull;
+        }
+        free(out);
+      }
+      if (rc == DL_PNG_OK) {
+        ok++;
+      } else {
+        fallback++;
+        if (reason == nullptr) {
+          fprintf(stderr, "a fallback without a reason\n");
+          return 4;
+        }
+      }
+      if (verbose) {
+        if (rc == DL_PNG_OK) {
+          printf("ok %016llx\n", static_cast<unsigned long long>(hash));
+        } else {
+          printf("fallback %s\n", reason);
+        }
+      }
+    }
+    free(file);
+  }
+  printf("files %llu ok %llu fallback %llu\n", static_cast<unsigned long long>(files),
+         static_cast<unsigned long long>(ok), static_cast<unsigned long long>(fallback));
+  return 0;
+}
