@@ -4,7 +4,9 @@ In one process per malloc setting, over the same photo-like 500x375 PNGs (the sa
 dataset), alternating in every round:
 
 1. The decode alone, inside tf.data (no Python per image): in-memory bytes to RGB pixels
-   through ``Dataset.map`` on a private pool of 1 and then 2 threads, with
+   through ``Dataset.map`` on a private pool of 1 and then 2 threads, over the sample
+   dataset's PNGs (sensor noise, compression 1.67x) and over smoother photo-like PNGs
+   (``testing.pngs.photo``, saved by Pillow: compression about 2.2x), with
    ``tf.io.decode_png`` (libpng, what Keras and the seed run), the op alone
    (``tf_png.decode_png``) and the op behind its fallback ``tf.cond``
    (``tf_png.decode_image_like_keras``, what the dataset runs). Images/s and CPU ms per image
@@ -13,7 +15,8 @@ dataset), alternating in every round:
    (``tools/baselines.seed_pipeline``), the CPU default with ``png_decoder="libpng"``
    (TF's decoder, the default before) and with the op (``png_decoder=None``, the default
    now). Images/s, CPU ms per image, cores busy (CPU time / wall time) and minor page
-   faults per image.
+   faults per image. And the CPU default with the op over 4,000 tiny 8x8 PNGs: the per-file
+   cost besides decoding.
 
 Each malloc setting runs in its own process: glibc's default, and the ``GLIBC_TUNABLES`` of
 docs/gpu_ready.md (this VM charges for fresh memory). Prints best and range per row over
@@ -39,7 +42,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MALLOC_TUNABLES = ("glibc.malloc.mmap_threshold=268435456:glibc.malloc.trim_threshold=4294967296"
                    ":glibc.malloc.top_pad=268435456")
 STAGE = ("libpng", "op", "op+cond")
+SETS = ("sample", "photo")
 EPOCHS = ("seed", "cpu-libpng", "cpu-native")
+TINY = "cpu-native-tiny"
 
 
 def _faults() -> int:
@@ -95,32 +100,77 @@ def make_dataset(data: str, which: str):
     return ds
 
 
-def run_one(data: str, rounds: int, stage_images: int) -> dict:
+def photo_blobs(n: int) -> list[bytes]:
+    """`n` smooth photo-like 375x500 RGB PNGs (`testing.pngs.photo`), saved by Pillow."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    from dali_loader.testing.pngs import photo
+
+    rng = np.random.default_rng(3)
+    out = []
+    for _ in range(n):
+        buf = io.BytesIO()
+        Image.fromarray(photo(rng, 375, 500)).save(buf, format="PNG")
+        out.append(buf.getvalue())
+    return out
+
+
+def tiny_folder(root: str, n: int = 4000) -> str:
+    import numpy as np
+
+    from dali_loader.testing.pngs import encode_png
+
+    os.makedirs(os.path.join(root, "c"), exist_ok=True)
+    rng = np.random.default_rng(0)
+    for i in range(n):
+        with open(os.path.join(root, "c", f"{i}.png"), "wb") as f:
+            f.write(encode_png(rng.integers(0, 256, (8, 8, 3), dtype=np.uint8), (1,)))
+    return root
+
+
+def run_one(data: str, rounds: int, stage_images: int, tiny: str) -> dict:
     paths = sorted(os.path.join(d, f) for d, _, fs in os.walk(data) for f in fs)
-    blobs = [open(p, "rb").read() for p in paths[:stage_images]]
-    stage = {f"{k}-{t}": [] for t in (1, 2) for k in STAGE}
-    epochs = {k: [] for k in EPOCHS}
+    sets = {"sample": [open(p, "rb").read() for p in paths[:stage_images]],
+            "photo": photo_blobs(stage_images)}
+    stage = {f"{s}:{k}-{t}": [] for s in SETS for t in (1, 2) for k in STAGE}
+    epochs = {k: [] for k in EPOCHS + (TINY,)}
     datasets = {k: make_dataset(data, k) for k in EPOCHS}
+    from tf_adapter import image_dataset_from_directory
+
+    datasets[TINY] = image_dataset_from_directory(tiny, batch_size=128, image_size=(8, 8),
+                                                  seed=1, verbose=False)
+    tiny_n = len(os.listdir(os.path.join(tiny, "c")))
     seed_images = None
     for k, ds in datasets.items():  # warm up: tracing, pools, page cache
         n = sum(_count(b) for b in ds)
         if k == "seed":
             seed_images = n  # the seed's 80% split
         else:
-            assert n == len(paths), (k, n)
-    for ds in (stage_dataset(blobs, k, t) for t in (1, 2) for k in STAGE):
-        measure(ds, len(blobs))
-    for r in range(rounds):
+            assert n == (tiny_n if k == TINY else len(paths)), (k, n)
+    want = {k: seed_images if k == "seed" else tiny_n if k == TINY else len(paths)
+            for k in datasets}
+    for s in SETS:
         for t in (1, 2):
             for k in STAGE:
-                stage[f"{k}-{t}"].append(measure(stage_dataset(blobs, k, t), len(blobs)))
-        for k in EPOCHS:
-            epochs[k].append(measure(datasets[k], seed_images if k == "seed" else len(paths)))
+                measure(stage_dataset(sets[s], k, t), len(sets[s]))
+    for r in range(rounds):
+        for s in SETS:
+            for t in (1, 2):
+                for k in STAGE:
+                    stage[f"{s}:{k}-{t}"].append(
+                        measure(stage_dataset(sets[s], k, t), len(sets[s])))
+        for k in datasets:
+            epochs[k].append(measure(datasets[k], want[k]))
         print(f"  round {r + 1}: " + ", ".join(
             f"{k} {v[-1]['img_s']:.0f} img/s {v[-1]['cpu_ms']:.2f} ms"
             for d in (stage, epochs) for k, v in d.items()), flush=True)
-    return {"stage": stage, "epochs": epochs, "files": len(paths), "stage_images": len(blobs),
-            "seed_images": seed_images}
+    return {"stage": stage, "epochs": epochs, "files": len(paths), "stage_images": stage_images,
+            "seed_images": seed_images,
+            "compression": {s: 375 * 500 * 3 * len(b) / sum(map(len, b))
+                            for s, b in sets.items()}}
 
 
 def report(name: str, res: dict) -> None:
@@ -134,19 +184,26 @@ def report(name: str, res: dict) -> None:
                 f"{min(r['faults'] for r in runs):.1f}")
 
     print(f"\n## {name}: best (range) of {len(ep['seed'])} alternating rounds")
-    for t in (1, 2):
-        for k in STAGE:
-            print(f"  decode alone in tf.data, {t} thread(s), {k:<8} {row(st[f'{k}-{t}'])}")
-        lib = min(r["cpu_ms"] for r in st[f"libpng-{t}"])
-        for k in ("op", "op+cond"):
-            per_round = [a["cpu_ms"] / b["cpu_ms"] for a, b in zip(st[f"libpng-{t}"],
-                                                                  st[f"{k}-{t}"])]
-            print(f"    {k}: libpng's CPU per image / its own, best {lib / min(r['cpu_ms'] for r in st[f'{k}-{t}']):.2f}x"
-                  f" (per round {min(per_round):.2f}-{max(per_round):.2f}x)")
+    for s in SETS:
+        print(f"  {s} PNGs, compression {res['compression'][s]:.2f}x:")
+        for t in (1, 2):
+            for k in STAGE:
+                print(f"    decode alone in tf.data, {t} thread(s), {k:<8} "
+                      f"{row(st[f'{s}:{k}-{t}'])}")
+            lib = min(r["cpu_ms"] for r in st[f"{s}:libpng-{t}"])
+            for k in ("op", "op+cond"):
+                runs = st[f"{s}:{k}-{t}"]
+                per_round = [a["cpu_ms"] / b["cpu_ms"] for a, b in zip(st[f"{s}:libpng-{t}"],
+                                                                      runs)]
+                print(f"      {k}: libpng's CPU per image / its own, lowest against lowest "
+                      f"{lib / min(r['cpu_ms'] for r in runs):.2f}x (per round "
+                      f"{min(per_round):.2f}-{max(per_round):.2f}x)")
     seed = max(r["img_s"] for r in ep["seed"])
-    for k in EPOCHS:
-        print(f"  {k:<11} {row(ep[k])}  best / seed best "
-              f"{max(r['img_s'] for r in ep[k]) / seed:.2f}x")
+    seed_ms = min(r["cpu_ms"] for r in ep["seed"])
+    for k in EPOCHS + (TINY,):
+        print(f"  {k:<15} {row(ep[k])}  best / seed best "
+              f"{max(r['img_s'] for r in ep[k]) / seed:.2f}x, seed's CPU / its CPU "
+              f"{seed_ms / min(r['cpu_ms'] for r in ep[k]):.2f}x")
     native, lib = (max(r["img_s"] for r in ep[k]) for k in ("cpu-native", "cpu-libpng"))
     print(f"  cpu-native / cpu-libpng (best) {native / lib:.2f}x")
 
@@ -155,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--data", default=None, help="PNG folder (default: a new sample dataset)")
     ap.add_argument("--num-images", type=int, default=1024)
-    ap.add_argument("--stage-images", type=int, default=400,
+    ap.add_argument("--stage-images", type=int, default=300,
                     help="images of the decode-alone rows")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--malloc", choices=("both", "default", "tuned"), default="both")
@@ -163,7 +220,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
-        res = run_one(args.data, args.rounds, args.stage_images)
+        with tempfile.TemporaryDirectory(prefix="bench-tf-png-op-tiny-") as tiny:
+            res = run_one(args.data, args.rounds, args.stage_images, tiny_folder(tiny))
         with open(args.json, "w") as f:
             json.dump(res, f)
         return 0
