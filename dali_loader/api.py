@@ -5,10 +5,12 @@ from __future__ import annotations
 import numpy as np
 
 from dali_loader.args import positive_int
+from dali_loader.decode import dali_png
 from dali_loader.decode.dali_batches import DaliBatches
 from dali_loader.decode.devices import resolve_device
 from dali_loader.decode.ready_forms import resolve_gpu_ready
 from dali_loader.decode.spec import ImageSpec, channels_for
+from dali_loader.feed.checks import DEFAULT_MAX_PIXELS
 from dali_loader.feed.epochs import Feed
 from dali_loader.feed.items import CheckedBytes
 from dali_loader.index import Index, build_index
@@ -98,7 +100,12 @@ def open_loader(
     feed = Feed(index, CheckedBytes(src, rgba=channels == 4), chunk_size=batch_size,
                 shuffle=shuffle, seed=seed, on_error=on_error, max_in_flight=max_in_flight,
                 source=src)
-    return DaliBatches(feed, spec, device=resolve_device(device), num_threads=num_threads)
+    device = resolve_device(device)
+    # PNGs by the native core's DALI operator where it is built (`dali_png.use_native`).
+    jpegs = device == "gpu" and any(p.lower().endswith((".jpg", ".jpeg")) for p in index.paths)
+    return DaliBatches(feed, spec, device=device, num_threads=num_threads,
+                       png_native=dali_png.use_native(None, gpu_with_jpegs=jpegs),
+                       max_pixels=DEFAULT_MAX_PIXELS)
 
 
 def open_dataset(

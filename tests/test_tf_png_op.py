@@ -236,7 +236,11 @@ def test_routes():
     assert png_route() == png_stage.PngRoute("wuffs", "tf-op")
     assert png_route("libpng").where == "tf"
     assert png_route(service=True).where == "tf"  # the service's workers: TF's graph
-    assert png_route(decoder="dali").where == "dali"
+    from dali_loader.decode import dali_png
+
+    assert png_route(decoder="dali").where == ("dali-op" if dali_png.available() else "dali")
+    assert png_route(decoder="dali", png_decoder="libpng").where == "dali"
+    assert png_route(device="gpu", jpegs=True).where == "dali"  # nvJPEG keeps every file
 
 
 def test_missing_build_falls_back_said_once(tmp_path, monkeypatch, caplog):

@@ -173,6 +173,13 @@ class _Slot:
                 return pixels
 
 
+def _count_true(flags) -> int:
+    """How many of a DALI batch of bool scalars are True."""
+    if flags.is_dense_tensor():
+        return int(np.count_nonzero(np.asarray(flags.as_tensor())))
+    return sum(bool(np.asarray(f)) for f in flags)
+
+
 class DaliBatches:
     """Finite epochs of `(images, labels)` numpy batches, decoded by DALI.
 
@@ -187,17 +194,26 @@ class DaliBatches:
             or `Input.PIXELS`: the files, decoded by `png` before DALI.
         png: With `Input.PIXELS`, the batched PNG decoder stage
             (`png_batches.PngBatches`, on `device`).
+        png_native: With `Input.FILES`, PNGs are decoded by the native core's
+            DALI operator on DALI's CPU threads, the files it leaves by DALI's
+            decoder (`dali_graph.image_graph`); each epoch counts `png_native`,
+            the PNGs it decoded.
+        max_pixels: The operator's pixel limit (the feed's checks apply it first).
     """
 
     def __init__(self, feed: Feed, spec: ImageSpec, *, device: str = "cpu",
                  num_threads: int | None = None, device_id: int = 0,
-                 input: Input = Input.FILES, png: PngBatches | None = None):
+                 input: Input = Input.FILES, png: PngBatches | None = None,
+                 png_native: bool = False, max_pixels: int | None = None):
         if device not in ("cpu", "gpu"):
             raise ValueError(f'`device` must be "cpu" or "gpu". Received: device={device}')
         if (input is Input.PIXELS) != (png is not None):
             raise ValueError("`png` (the stage that decodes the pixels) goes with "
                              f"input=Input.PIXELS, and only with it. Received: input={input}, "
                              f"png={png!r}")
+        if png_native and input is not Input.FILES:
+            raise ValueError("The native PNG operator decodes the files (Input.FILES). "
+                             f"Received: input={input}, png_native=True")
         self.feed = feed
         self.spec = spec
         self.device = device
@@ -205,6 +221,8 @@ class DaliBatches:
         self.device_id = device_id
         self.input = input
         self.png = png
+        self.png_native = png_native
+        self.max_pixels = max_pixels
         self.batch_size = feed.chunk_size
         self.pipeline_builds = 0
         # Per epoch, bounded: feed epoch start and pipeline checkout (or build).
@@ -268,7 +286,8 @@ class DaliBatches:
             self.pipeline_builds += 1
         pipe = build_pipeline(slot, self.spec, self.batch_size, gpu=self.device == "gpu",
                               device_id=self.device_id, num_threads=self.num_threads,
-                              input=self.input, host_pixels=host is not None)
+                              input=self.input, host_pixels=host is not None,
+                              png_native=self.png_native, max_pixels=self.max_pixels)
         track(pipe, pipeline=True)  # shut down before DALI's own exit hook runs
         return pipe, slot
 
@@ -304,7 +323,7 @@ class DaliBatches:
         try:
             while not exiting():  # at exit the epoch ends (dali_loader.exiting)
                 try:
-                    (out,) = pipe.run()
+                    out, *ok = pipe.run()
                 except StopIteration:
                     if slot.error is not None:
                         raise slot.error from None
@@ -317,6 +336,8 @@ class DaliBatches:
                     pipe, slot = self._recover(err, slot, epoch)
                     continue
                 chunk = slot.pop()
+                if ok:  # the native PNG operator's per-sample flags
+                    epoch.tally.add("png_native", _count_true(ok[0]))
                 yield self._to_numpy(out), epoch.labels(chunk.positions)
             if not exiting():
                 pipe.reset()
@@ -344,7 +365,8 @@ class DaliBatches:
         culprits: dict[int, str] = {}
         for chunk in suspects:
             for pos, data in zip(chunk.positions, chunk.items):
-                problem = probe_decode(data, self.spec, self.input)
+                problem = probe_decode(data, self.spec, self.input, self.png_native,
+                                       self.max_pixels)
                 if problem:
                     culprits[pos] = problem
             if culprits:

@@ -13,6 +13,7 @@ import enum
 import os
 from typing import Any
 
+from dali_loader.decode import dali_png
 from dali_loader.decode.ready_forms import RAW_HEADER, RAW_MAGIC, decode_raw
 from dali_loader.decode.spec import ImageSpec
 from dali_loader.lazy import import_dali
@@ -187,9 +188,27 @@ def _has_pixels(dali, pixels):
     return pixels.shape(dtype=dali.types.INT32)[0] > 0
 
 
-def _input_pixels(dali, encoded, spec: ImageSpec, gpu: bool, input: Input):
-    """HWC uint8 pixels of the graph's input, in the output's colour mode."""
-    if input is Input.PIXELS:
+def _native_or_decoded(dali, encoded, native, channels: int, gpu: bool):
+    """Per sample: the native operator's pixels where it decoded the file, else DALI's
+    decoder (every other format, and every PNG the core leaves, keeps DALI's outcome
+    and errors); then the copy to the GPU. A per-sample branch of CPU operators only,
+    as `Input.FILES_OR_RAW`'s (the documentation linked in `_input_pixels`)."""
+    px, ok = native
+    if ok:
+        img = px
+    else:
+        img = _decode_file(dali, encoded, channels, gpu=False)
+    if gpu:
+        img = img.gpu()
+    return img
+
+
+def _input_pixels(dali, encoded, spec: ImageSpec, gpu: bool, input: Input, native=None):
+    """HWC uint8 pixels of the graph's input, in the output's colour mode; `native`:
+    the native PNG operator's `(pixels, ok)` on `encoded` (`Input.FILES` only)."""
+    if native is not None:
+        img = _native_or_decoded(dali, encoded, native, spec.channels, gpu)
+    elif input is Input.PIXELS:
         img = encoded
     elif input is Input.READY_RAW:
         img = _raw_on_device(dali, encoded, gpu)
@@ -213,7 +232,7 @@ def _input_pixels(dali, encoded, spec: ImageSpec, gpu: bool, input: Input):
 
 
 def image_graph(dali, encoded, spec: ImageSpec, gpu: bool, input: Input = Input.FILES,
-                pixels=None):
+                pixels=None, png_native: bool = False, max_pixels: int | None = None):
     """Builds decode -> colour -> crop/pad -> resize on DataNode `encoded`.
 
     GPU-ready cache entries already hold Keras's pixels in the output's colour
@@ -227,8 +246,21 @@ def image_graph(dali, encoded, spec: ImageSpec, gpu: bool, input: Input = Input.
     colour mode, one per sample; empty (0 rows) where the sample is in
     `encoded` instead. A per-sample branch of CPU operators picks one or the
     other; neither is copied (measured: `dali_batches.HostPixels`).
+
+    `png_native` (`Input.FILES`; `dali_png.load()` must have returned True): PNGs
+    are decoded by the native core's DALI operator on DALI's CPU threads (its
+    `max_pixels`: None, no limit); the files it leaves by DALI's decoder, on the CPU
+    (a per-sample branch; on a GPU the pixels are then copied there). Returns
+    `(images, ok)` then: `ok` is the operator's per-sample flag (False for a host-
+    pixel sample, whose encoded input is a placeholder).
     """
     fn, t = dali.fn, dali.types
+    native = None
+    if png_native:
+        if input is not Input.FILES:
+            raise ValueError("The native PNG operator decodes the files (Input.FILES). "
+                             f"Received: input={input}")
+        native = tuple(dali_png.png_decode(dali, encoded, spec.channels, max_pixels))
     if pixels is not None:
         if gpu or input not in (Input.FILES, Input.FILES_OR_RAW):
             raise ValueError("Host-decoded `pixels` go with a CPU graph of Input.FILES or "
@@ -236,9 +268,9 @@ def image_graph(dali, encoded, spec: ImageSpec, gpu: bool, input: Input = Input.
         if _has_pixels(dali, pixels):
             img = pixels
         else:
-            img = _input_pixels(dali, encoded, spec, gpu, input)
+            img = _input_pixels(dali, encoded, spec, gpu, input, native)
     else:
-        img = _input_pixels(dali, encoded, spec, gpu, input)
+        img = _input_pixels(dali, encoded, spec, gpu, input, native)
     interp, antialias = _interp(dali, spec.interpolation)
     out_dtype = t.UINT8 if spec.output_uint8 else t.FLOAT
     th, tw = spec.height, spec.width
@@ -261,7 +293,7 @@ def image_graph(dali, encoded, spec: ImageSpec, gpu: bool, input: Input = Input.
         img = fn.resize(img, size=(th, tw), **resize_kw)
     if spec.channels_first:
         img = fn.transpose(img, perm=[2, 0, 1])
-    return img
+    return img if native is None else (img, native[1])
 
 
 def default_num_threads() -> int:
@@ -284,6 +316,8 @@ def build_pipeline(
     seed: int = 0,
     input: Input = Input.FILES,
     host_pixels: bool = False,
+    png_native: bool = False,
+    max_pixels: int | None = None,
 ):
     """Builds and returns a DALI pipeline fed batch-wise by `source`.
 
@@ -305,15 +339,21 @@ def build_pipeline(
             the host, empty for the samples in the first (`image_graph`'s
             `pixels`). Neither is copied into DALI: `source` holds both until
             their batch is out (DALI's `no_copy` rule).
+        png_native: (`Input.FILES`) PNGs decoded by the native core's DALI
+            operator, the rest by DALI's decoder (`image_graph`); the pipeline
+            then has a second output, the operator's per-sample `ok` flag.
+        max_pixels: With `png_native`, the operator leaves images whose header
+            claims more pixels (None: no limit; the feed's checks refuse them first).
     """
     dali = import_dali()
+    native_kw = dict(png_native=png_native, max_pixels=max_pixels)
 
     def graph():
         if host_pixels:
             enc, px = dali.fn.external_source(
                 source=source, num_outputs=2, batch=True, dtype=[dali.types.UINT8] * 2,
                 ndim=[1, 3], layout=["", "HWC"], no_copy=True, cycle="raise")
-            return image_graph(dali, enc, spec, gpu, input, pixels=px)
+            return image_graph(dali, enc, spec, gpu, input, pixels=px, **native_kw)
         kw = {}
         if input is Input.PIXELS:  # decoded HWC pixels, on the device they were decoded on
             kw = dict(device="gpu" if gpu else "cpu", ndim=3, layout="HWC")
@@ -326,11 +366,11 @@ def build_pipeline(
         )
         if input is Input.READY_RAW:
             return image_graph(dali, enc.gpu() if gpu else enc, spec, gpu, Input.PIXELS)
-        return image_graph(dali, enc, spec, gpu, input)
+        return image_graph(dali, enc, spec, gpu, input, **native_kw)
 
     pipe = make_pipeline(graph, spec, batch_size, gpu=gpu, device_id=device_id,
                          num_threads=num_threads, prefetch_queue_depth=prefetch_queue_depth,
-                         input=input, seed=seed, conditionals=host_pixels)
+                         input=input, seed=seed, conditionals=host_pixels or png_native)
     pipe.build()
     return pipe
 
@@ -379,8 +419,10 @@ def raw_views(entries) -> list:
     return [decode_raw(e) for e in entries]
 
 
-def probe_decode(data, spec: ImageSpec, input: Input = Input.FILES) -> str | None:
-    """Decodes one image alone on the CPU; returns DALI's error text, or None."""
+def probe_decode(data, spec: ImageSpec, input: Input = Input.FILES,
+                 png_native: bool = False, max_pixels: int | None = None) -> str | None:
+    """Decodes one image alone on the CPU, with the epoch's graph (`png_native`: the
+    native PNG operator first, as `build_pipeline`); returns DALI's error text, or None."""
     import numpy as np
 
     arr = raw_views([data])[0] if input is Input.READY_RAW else np.frombuffer(data, np.uint8)
@@ -398,7 +440,7 @@ def probe_decode(data, spec: ImageSpec, input: Input = Input.FILES) -> str | Non
 
     try:
         pipe = build_pipeline(_One(), spec, 1, gpu=False, num_threads=1, prefetch_queue_depth=1,
-                              input=input)
+                              input=input, png_native=png_native, max_pixels=max_pixels)
         pipe.run()
     except StopIteration:
         return None

@@ -5,8 +5,10 @@ decoder runs where for given options (diagnose and bench report it):
 - the TF path (the CPU default): the native core (Wuffs behind the front end,
   `native/`) as a TF op in the graph (`tf_png`), exactly TF's pixels, by default
   where the op is built (else libpng, said once); "libpng" forces TF's decoder;
-- the DALI path: DALI's nvImageCodec (libpng) by default; "wuffs": Wuffs
-  (`png_cpu`) on the feed's threads, PNGs entering DALI as raw pixels;
+- the DALI path: by default the native core as a DALI operator where it is
+  built (`dali_png`; not on a GPU with JPEGs), else DALI's nvImageCodec
+  (libpng), which "libpng" forces; "wuffs": Wuffs (`png_cpu`) on the feed's
+  threads, PNGs entering DALI as raw pixels;
 - GPU-ready cache fills: Wuffs (`png_cpu`) on the feed's threads where installed;
 - the tf.data service: TF's libpng (its workers run a pure TF graph);
 - "gpu": the batched GPU decoder (`png_batches`).
@@ -80,8 +82,9 @@ def resolve_png_decoder(png_decoder, *, device: str, decoder: str | None, gpu_re
     runs: `png_route`). None picks, on the TF path (the CPU default, no
     `gpu_ready`, no `service`), the native core's TF op where it is built
     (faster, measured: docs/png_cpu.md), else libpng with one warning naming the
-    build; elsewhere libpng (DALI's decoder, TF's on the service's workers and
-    for raw GPU-ready entries). "wuffs" on the TF path needs the op (an
+    build; elsewhere LIBPNG (on the DALI path `make_loader` then asks
+    `dali_png.use_native` whether the native DALI operator decodes: `png_route`
+    says so; TF's libpng on the service's workers; GPU-ready fills: `fill_png_decoder`). "wuffs" on the TF path needs the op (an
     ImportError naming its build step); on the DALI path, `pywuffs`. Raises on a
     combination that cannot be served."""
     if png_decoder not in PNG_DECODERS and not isinstance(png_decoder, PngDecoder):
@@ -132,7 +135,8 @@ class PngRoute:
     Attributes:
         decoder: what decodes the PNGs ("wuffs", "libpng" or "gpu"; with
             `gpu_ready`, the fills' decoder).
-        where: "tf-op" (the native core as a TF op in tf.data's graph), "tf"
+        where: "tf-op" (the native core as a TF op in tf.data's graph),
+            "dali-op" (the native core as a DALI operator in DALI's graph), "tf"
             (TF's decode_png), "feed" (Wuffs, pywuffs, on the feed's threads),
             "dali" (DALI's decoder, nvImageCodec), "gpu" (the batched GPU
             decoder), "none" (raw GPU-ready entries: nothing decoded per epoch).
@@ -146,7 +150,8 @@ class PngRoute:
 
     def describe(self) -> str:
         """One line for reports: e.g. "wuffs (native core, TF op in the graph)"."""
-        where = {"tf-op": "native core, TF op in the graph", "tf": "TF's decode_png",
+        where = {"tf-op": "native core, TF op in the graph",
+                 "dali-op": "native core, DALI operator in the graph", "tf": "TF's decode_png",
                  "feed": "pywuffs on the feed's threads", "dali": "DALI's decoder",
                  "gpu": "batched GPU decoder"}
         if self.where == "none":
@@ -155,10 +160,12 @@ class PngRoute:
 
 
 def png_route(png_decoder=None, *, device: str = "cpu", decoder: str | None = None,
-              gpu_ready=None, service: bool = False) -> PngRoute:
+              gpu_ready=None, service: bool = False, jpegs: bool = False) -> PngRoute:
     """Which PNG decoder runs for these options (as `make_loader` builds them),
     and where; raises as `resolve_png_decoder` does. `device` is the resolved
-    device ("cpu" or "gpu"); `gpu_ready` a `ReadyForm` or None."""
+    device ("cpu" or "gpu"); `gpu_ready` a `ReadyForm` or None; `jpegs`: the
+    folder holds JPEGs (on a GPU they keep DALI's decoder for every file). Loads
+    the native op of the path it asks about (TF's or DALI's) to know."""
     png = resolve_png_decoder(png_decoder, device=device, decoder=decoder, gpu_ready=gpu_ready,
                               service=service)
     dali = device == "gpu" or decoder == "dali"
@@ -169,8 +176,14 @@ def png_route(png_decoder=None, *, device: str = "cpu", decoder: str | None = No
         where = "gpu"
     elif png is PngDecoder.WUFFS:
         where = "feed" if dali else "tf-op"
+    elif dali:
+        from dali_loader.decode import dali_png
+
+        if dali_png.use_native(png_decoder, gpu_with_jpegs=device == "gpu" and jpegs):
+            return PngRoute(PngDecoder.WUFFS.value, "dali-op")
+        where = "dali"
     else:
-        where = "dali" if dali else "tf"
+        where = "tf"
     return PngRoute(png.value, where, fill)
 
 

@@ -162,14 +162,19 @@ def pack_rows(items: list[bytes], labels: np.ndarray | None) -> np.ndarray:
 
 
 def plugin_graph(dali, rows, spec: ImageSpec, gpu: bool, label_mode: str | None,
-                 num_classes: int, input: Input = Input.FILES, on_gpu: bool = False):
+                 num_classes: int, input: Input = Input.FILES, on_gpu: bool = False,
+                 png_native: bool = False, max_pixels: int | None = None):
     """Rows in (`pack_rows`), images or `(images, labels)` out. DALI computes on
     the GPU with `gpu`; the outputs are on the GPU with `on_gpu`, else on the
-    host (a GPU graph then ends with `.cpu()`). `input`: what the rows hold."""
+    host (a GPU graph then ends with `.cpu()`). `input`: what the rows hold.
+    `png_native`, `max_pixels`: PNGs by the native operator (`image_graph`)."""
     fn, t = dali.fn, dali.types
     head = fn.reinterpret(fn.slice(rows, start=[0], shape=[HEADER], axes=[0]), dtype=t.INT32)
     encoded = fn.slice(rows, start=[HEADER], shape=head[0:1], axes=[0])
-    images = image_graph(dali, encoded, spec=spec, gpu=gpu, input=input)
+    images = image_graph(dali, encoded, spec=spec, gpu=gpu, input=input,
+                         png_native=png_native, max_pixels=max_pixels)
+    if png_native:
+        images = images[0]  # the operator's `ok` flags are not counted on this handoff
     if gpu and not on_gpu:
         images = images.cpu()  # GPU-to-host copy: DALI's default executor (exec_dynamic)
     if label_mode is None:
@@ -184,16 +189,19 @@ def plugin_graph(dali, rows, spec: ImageSpec, gpu: bool, label_mode: str | None,
 
 def build_plugin_pipeline(spec: ImageSpec, batch_size: int, *, gpu: bool, device_id: int | None,
                           num_threads: int | None, label_mode: str | None, num_classes: int,
-                          input: Input = Input.FILES, on_gpu: bool = False):
+                          input: Input = Input.FILES, on_gpu: bool = False,
+                          png_native: bool = False, max_pixels: int | None = None):
     """The (unbuilt) DALI pipeline the plugin serializes: `plugin_graph` on an input."""
     dali = import_dali()
 
     def graph():
         rows = dali.fn.external_source(name=INPUT, dtype=dali.types.UINT8, ndim=1, batch=True)
-        return plugin_graph(dali, rows, spec, gpu, label_mode, num_classes, input, on_gpu)
+        return plugin_graph(dali, rows, spec, gpu, label_mode, num_classes, input, on_gpu,
+                            png_native, max_pixels)
 
     return make_pipeline(graph, spec, batch_size, gpu=gpu, device_id=device_id,
-                         num_threads=num_threads, prefetch_queue_depth=_PREFETCH, input=input)
+                         num_threads=num_threads, prefetch_queue_depth=_PREFETCH, input=input,
+                         conditionals=png_native)
 
 
 class _PluginEpochs:
@@ -259,7 +267,8 @@ class _PluginEpochs:
                 data = feed.items(paths[pos])
             except BadFileError as e:
                 return e if isinstance(e, CorruptImageError) else None
-            problem = probe_decode(data, self.batches.spec, self.batches.input)
+            problem = probe_decode(data, self.batches.spec, self.batches.input,
+                                   self.batches.png_native, self.batches.max_pixels)
             if problem:
                 culprit = CorruptImageError(paths[pos], f"DALI's decoder failed on it ({problem})")
                 if feed.on_error == "skip":
@@ -383,7 +392,8 @@ def plugin_dataset(tf, batches: DaliBatches, spec: ImageSpec, batch_size: int,
         rows = rows.apply(tf.data.experimental.copy_to_device(device))
     pipe = build_plugin_pipeline(spec, batch_size, gpu=gpu, device_id=batches.device_id,
                                  num_threads=batches.num_threads, label_mode=label_mode,
-                                 num_classes=num_classes, input=batches.input, on_gpu=on_gpu)
+                                 num_classes=num_classes, input=batches.input, on_gpu=on_gpu,
+                                 png_native=batches.png_native, max_pixels=batches.max_pixels)
     img_dtype = tf.uint8 if spec.output_uint8 else tf.float32
     shapes = [(None, *spec.shape)]
     dtypes = [img_dtype]

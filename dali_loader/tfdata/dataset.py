@@ -27,6 +27,7 @@ import zlib
 
 import numpy as np
 
+from dali_loader.decode import dali_png
 from dali_loader.decode.dali_batches import DaliBatches
 from dali_loader.decode.dali_graph import Input, default_num_threads
 from dali_loader.decode.png_batches import PngBatches
@@ -166,8 +167,12 @@ def make_loader(source: Source, index: Index, spec: ImageSpec, *, batch_size: in
                  ReadyForm.TIFF: Input.READY_TIFF}[gpu_ready]
         if input is Input.FILES and raw_pngs:
             input = Input.FILES_OR_RAW
+        # PNGs by the native core on DALI's threads (png_decoder=None, where built).
+        native = input is Input.FILES and dali_png.use_native(
+            png_decoder, gpu_with_jpegs=device == "gpu" and _has_jpeg(index))
         return DaliBatches(feed, spec, device=device, num_threads=num_threads,
-                           device_id=device_id, input=input)
+                           device_id=device_id, input=input, png_native=native,
+                           max_pixels=max_pixels)
     if gpu_ready is not None:  # whole batches of entries, resized as one tensor
         return Feed(index, ReadyPinned(ready, index.paths), chunk_size=batch_size, **kw)
     items = {SourceKind.LOCAL_DISK: Paths, SourceKind.NETWORK_FS: RawBytes,

@@ -1,0 +1,195 @@
+"""The DALI path's PNG decoder: the native core's DALI operator against DALI's own (libpng).
+
+In one process, over the same photo-like 500x375 PNGs (the sample dataset), alternating
+round by round:
+
+1. The decode stage alone, in-memory bytes to RGB pixels in a CPU DALI pipeline, batch
+   128, 1 and 2 DALI threads: `fn.decoders.image` (nvImageCodec's libpng, what the DALI
+   path ran before) and `fn.dali_loader.png_decode` (the core). On a GPU host the resize
+   leaves the CPU, so this is the gain that counts there.
+2. Epochs of `image_dataset_from_directory(decoder="dali")` at 244x244, batch 128, on a
+   local folder: `png_decoder="libpng"` (DALI's decoder) and the default (the operator).
+   DALI's CPU resize is in this figure.
+
+Each malloc setting runs in its own process: glibc's default, and `GLIBC_TUNABLES` that
+keep freed memory in the process (this VM charges for fresh memory; docs/gpu_ready.md).
+Prints the best and the range over the rounds, CPU ms per image (all threads, lowest),
+and the ratios.
+
+    .venv/bin/python benchmarks/bench_dali_png.py [--num-images 1024] [--rounds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+MALLOC_TUNABLES = ("glibc.malloc.mmap_threshold=268435456:glibc.malloc.trim_threshold=4294967296"
+                   ":glibc.malloc.top_pad=268435456")
+STAGE = ("dali-libpng", "native-op")
+EPOCHS = ("libpng", "native")
+BATCH = 128
+
+
+def stage_pipeline(blobs: list, which: str, threads: int):
+    """A CPU pipeline decoding `blobs` (a list of uint8 arrays) batch by batch, no resize."""
+    from dali_loader.decode import dali_png
+    from dali_loader.lazy import import_dali
+
+    dali = import_dali()
+    batches = [blobs[i:i + BATCH] for i in range(0, len(blobs), BATCH)]
+    state = {"i": 0}
+
+    def source():
+        b = batches[state["i"] % len(batches)]
+        state["i"] += 1
+        return b
+
+    @dali.pipeline_def(batch_size=BATCH, num_threads=threads, device_id=None,
+                       prefetch_queue_depth=2, exec_dynamic=True)
+    def pipe():
+        enc = dali.fn.external_source(source=source, batch=True, dtype=dali.types.UINT8)
+        if which == "native-op":
+            px, ok = dali_png.png_decode(dali, enc, 3, 1 << 30)
+            return px, ok
+        return dali.fn.decoders.image(enc, device="cpu", output_type=dali.types.RGB,
+                                      adjust_orientation=False)
+
+    p = pipe()
+    p.build()
+    return p, len(batches)
+
+
+def stage_rate(pipe, n_batches: int, n_images: int) -> tuple[float, float]:
+    """(images/s, CPU ms per image) of one pass over the data."""
+    t0, c0 = time.perf_counter(), time.process_time()
+    for _ in range(n_batches):
+        out = pipe.run()
+        if len(out) == 2:  # the operator: every image must have been its
+            assert all(bool(out[1].as_array()[k]) for k in range(len(out[1])))
+    return n_images / (time.perf_counter() - t0), 1e3 * (time.process_time() - c0) / n_images
+
+
+def make_dataset(data: str, which: str):
+    from tf_adapter import image_dataset_from_directory
+
+    return image_dataset_from_directory(data, batch_size=BATCH, image_size=(244, 244),
+                                        shuffle=True, seed=1, verbose=False, decoder="dali",
+                                        png_decoder="libpng" if which == "libpng" else None)
+
+
+def run_one(data: str, rounds: int) -> dict:
+    import numpy as np
+
+    from dali_loader.tools.bench import timed_epoch
+
+    paths = sorted(os.path.join(d, f) for d, _, fs in os.walk(data) for f in fs)
+    blobs = [np.fromfile(p, np.uint8) for p in paths]
+    n_full = len(blobs) - len(blobs) % BATCH  # whole batches only
+    blobs = blobs[:n_full]
+    out: dict = {"stage": {f"{k}-{t}": [] for k in STAGE for t in (1, 2)},
+                 "epochs": {k: [] for k in EPOCHS}, "cpu_ms": {}, "png_native": []}
+    for k in list(out["stage"]) + list(EPOCHS):
+        out["cpu_ms"][k] = []
+    pipes = {f"{k}-{t}": stage_pipeline(blobs, k, t) for k in STAGE for t in (1, 2)}
+    for p, _ in pipes.values():  # warm up
+        p.run()
+    datasets = {k: make_dataset(data, k) for k in EPOCHS}
+    assert datasets["native"]._dali_loader.png_native, "the operator is not built"
+    assert not datasets["libpng"]._dali_loader.png_native
+    for ds in datasets.values():  # warm up: tracing, pools, page cache
+        timed_epoch("warm-up", ds, 0.0, max_batches=1)
+    for r in range(rounds):
+        for k, (p, n) in pipes.items():
+            rate, cpu = stage_rate(p, n, n_full)
+            out["stage"][k].append(rate)
+            out["cpu_ms"][k].append(cpu)
+        for k in EPOCHS:
+            s = timed_epoch(k, datasets[k], 0.0)
+            out["epochs"][k].append(s.img_s)
+            out["cpu_ms"][k].append(1e3 * s.cpu_s / s.images)
+        out["png_native"].append(datasets["native"]._dali_loader.epoch_stats[-1]
+                                 .get("png_native", 0))
+        print(f"  round {r + 1}: " + ", ".join(
+            f"{k} {v[-1]:.0f} img/s {out['cpu_ms'][k][-1]:.2f} ms"
+            for d in (out["stage"], out["epochs"]) for k, v in d.items())
+            + f"; PNGs by the operator {out['png_native'][-1]}", flush=True)
+    return out
+
+
+def report(name: str, res: dict) -> None:
+    st, ep, cpu = res["stage"], res["epochs"], res["cpu_ms"]
+
+    def span(v):
+        return f"{max(v):7.1f} ({min(v):.1f}-{max(v):.1f})"
+
+    print(f"\n## {name}: images/s, best (range) of {len(ep['libpng'])} alternating rounds; "
+          "CPU ms per image (all threads), lowest")
+    for t in (1, 2):
+        lib, nat = st[f"dali-libpng-{t}"], st[f"native-op-{t}"]
+        ratios = [a / b for a, b in zip(nat, lib)]
+        print(f"  decode stage, {t} DALI thread(s): DALI's libpng {span(lib)} img/s "
+              f"{min(cpu[f'dali-libpng-{t}']):.2f} ms  operator {span(nat)} img/s "
+              f"{min(cpu[f'native-op-{t}']):.2f} ms  best/best {max(nat) / max(lib):.2f}x, "
+              f"per round {min(ratios):.2f}-{max(ratios):.2f}x")
+    for k in EPOCHS:
+        print(f"  decoder='dali', {k:<7} {span(ep[k])} img/s  {min(cpu[k]):6.2f} ms")
+    ratios = [a / b for a, b in zip(ep["native"], ep["libpng"])]
+    print(f"  decoder='dali': operator / DALI's libpng, best/best "
+          f"{max(ep['native']) / max(ep['libpng']):.2f}x, per round "
+          f"{min(ratios):.2f}-{max(ratios):.2f}x; PNGs by the operator per epoch "
+          f"{sorted(set(res['png_native']))}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--data", default=None, help="PNG folder (default: a new sample dataset)")
+    ap.add_argument("--num-images", type=int, default=1024)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--malloc", choices=("both", "default", "tuned"), default="both")
+    ap.add_argument("--json", default=None, help="also write the numbers here")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.child:
+        res = run_one(args.data, args.rounds)
+        with open(args.json, "w") as f:
+            json.dump(res, f)
+        return 0
+    with tempfile.TemporaryDirectory(prefix="bench-dali-png-") as tmp:
+        data = args.data
+        if data is None:
+            from dali_loader.tools.sample import make_sample_dataset
+
+            data = make_sample_dataset(os.path.join(tmp, "data"), num_images=args.num_images,
+                                       num_classes=4, size=(375, 500), seed=0)
+        print(f"{args.num_images} PNGs 500x375 in {data}; {os.cpu_count()} cores", flush=True)
+        results = {}
+        for which in (("default", "tuned") if args.malloc == "both" else (args.malloc,)):
+            env = dict(os.environ)
+            env.pop("GLIBC_TUNABLES", None)
+            if which == "tuned":
+                env["GLIBC_TUNABLES"] = MALLOC_TUNABLES
+            out = os.path.join(tmp, f"{which}.json")
+            print(f"\nmalloc: {which}", flush=True)
+            subprocess.run([sys.executable, os.path.abspath(__file__), "--child", "--data", data,
+                            "--rounds", str(args.rounds), "--json", out], env=env, check=True)
+            with open(out) as f:
+                results[which] = json.load(f)
+        for which, res in results.items():
+            report(f"malloc {which}", res)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(results, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

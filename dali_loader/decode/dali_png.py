@@ -1,0 +1,87 @@
+"""The native PNG core as a DALI CPU operator (`native/dali_png_op.cc`), loaded lazily.
+
+`fn.dali_loader.png_decode(encoded, channels=C, max_pixels=N)` returns
+`(pixels, ok)`: HWC uint8 pixels, exactly `tf.io.decode_png`'s, and a bool scalar per
+sample, false where the core leaves the file to DALI's decoder (then its pixels are
+empty, [0, 0, C]). It decodes on DALI's CPU thread pool, with no Python per image.
+`make install` builds it (`python -m dali_loader.native.build_dali`); where it is not
+built, or does not load into this DALI, the DALI path keeps DALI's decoder for PNGs
+(said once).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+
+from dali_loader.lazy import import_dali
+
+logger = logging.getLogger(__name__)
+
+LIBRARY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                       "native", "_build", "dl_dali_png.so")
+BUILD_COMMAND = "python -m dali_loader.native.build_dali"
+
+_lock = threading.Lock()
+_state: dict[str, object] = {}  # "loaded": bool, "why": str (when not loaded)
+
+
+def load() -> bool:
+    """Loads the operator into DALI once per process; False (and why, logged once)
+    where it is not built or DALI refuses it."""
+    with _lock:
+        if "loaded" in _state:
+            return bool(_state["loaded"])
+        why = None
+        if not os.path.exists(LIBRARY):
+            why = f"{LIBRARY} is not built (`make install` builds it: {BUILD_COMMAND})"
+        else:
+            dali = import_dali()
+            from nvidia.dali import plugin_manager
+
+            try:
+                plugin_manager.load_library(LIBRARY)
+            except Exception as e:  # DALI raises RuntimeError for a library it cannot load
+                why = (f"DALI could not load {LIBRARY} ({e}); rebuild it against this DALI "
+                       f"{dali.__version__}: {BUILD_COMMAND}")
+        _state["loaded"] = why is None
+        if why is not None:
+            _state["why"] = why
+            logger.warning("The native PNG decoder for DALI is not available: %s. PNGs on the "
+                           "DALI path are decoded by DALI's decoder (libpng).", why)
+        return why is None
+
+
+def available() -> bool:
+    """Whether the operator is built and loads into this process's DALI."""
+    return load()
+
+
+def unavailable_reason() -> str | None:
+    """Why `load()` returned False (None when it loaded or was not tried)."""
+    return _state.get("why")  # type: ignore[return-value]
+
+
+def png_decode(dali, encoded, channels: int, max_pixels: int | None):
+    """`(pixels, ok)` of the operator on DataNode `encoded` (1-D uint8 per sample):
+    call only after `load()` returned True. `max_pixels` None: no limit."""
+    if channels not in (1, 3, 4):
+        raise ValueError(f"`channels` must be 1, 3 or 4. Received: channels={channels}")
+    if not load():
+        raise RuntimeError(f"The native PNG decoder for DALI is not available: "
+                           f"{unavailable_reason()}")
+    return dali.fn.dali_loader.png_decode(encoded, channels=channels,
+                                          max_pixels=int(max_pixels or 0))
+
+
+def use_native(png_decoder, *, gpu_with_jpegs: bool) -> bool:
+    """Whether the DALI path decodes PNGs with this operator (each epoch, `Input.FILES`):
+    the default (`png_decoder=None`) where it is built and loads (else DALI's decoder,
+    said once). `"libpng"` keeps DALI's decoder; `"wuffs"` and `"gpu"` decode before
+    DALI. On a GPU, not for a folder with JPEGs: there DALI's `mixed` decoder decodes
+    every file (nvJPEG), and a `mixed` decoder inside a per-sample branch is not in
+    DALI's conditionals documentation (`dali_graph._input_pixels`)."""
+    if png_decoder is not None or gpu_with_jpegs:
+        return False
+    return load()
