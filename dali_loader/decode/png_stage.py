@@ -73,7 +73,8 @@ def _tf_op_available() -> bool:
 def _tf_op_missing() -> str:
     from dali_loader.decode import tf_png
 
-    return (f"{tf_png.unavailable_reason()}. Build it with: {tf_png.BUILD_STEP}")
+    reason = tf_png.unavailable_reason() or "it is not loaded"
+    return f"{reason}. Build it with: {tf_png.BUILD_STEP}"
 
 
 def resolve_png_decoder(png_decoder, *, device: str, decoder: str | None, gpu_ready,
