@@ -26,6 +26,8 @@ $(STAMP): pyproject.toml Makefile
 	$(VPY) -m pip install -q -e ".[test,bench,png]"
 	# 4. The native PNG core (Wuffs' C from the pywuffs sdist + png_core.cc, a few s of g++).
 	$(VPY) -m dali_loader.native.build
+	# 5. The core as a TF op, against the installed TF (about 15 s of g++).
+	$(VPY) -m dali_loader.native.build_tf
 	# 6. The core as a DALI CPU operator (about 5 s of g++). DALI's headers include CUDA's:
 	#    their include folders come from three pinned NVIDIA wheels (pip download, kept
 	#    under _build/; nothing installed, no CUDA toolkit).

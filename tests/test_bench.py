@@ -126,10 +126,14 @@ def test_bench_writes_three_files(tiny_tree, tmp_path, capsys):
     from dali_loader.decode import png_cpu
 
     assert by["seed"]["png_decoder"] == by["tuned"]["png_decoder"] == "libpng"
-    # libpng each epoch by default; a cached row names the decoder that filled it.
+    # Each epoch the default (png_route: the native op where built, else libpng); a cached
+    # row names the decoder that filled it.
+    from dali_loader.decode.png_stage import png_route
+
     fill = "wuffs" if png_cpu.available() else "libpng"
-    assert all(by[n]["png_decoder"] == (fill if n.endswith("-cached") else "libpng")
-               for n in names if n.startswith("loader"))
+    each = png_route().decoder
+    assert all(by[n]["png_decoder"] == (fill if n.endswith("-cached") else each)
+               for n in names if n.startswith("loader-cpu"))
     assert res["png_decoder"] is None
 
     md = (out / "results.md").read_text()
@@ -144,9 +148,10 @@ def test_bench_writes_three_files(tiny_tree, tmp_path, capsys):
     assert rows["tuned"][1] == rows["seed"][1] == "libpng"
     assert rows["tuned"][10:] == ["24", "", ""]
     if _loader_importable():
-        assert rows["loader-cpu"][1] == "libpng"
-        assert rows["loader-cpu-cached"][1] == {"wuffs": "Wuffs", "libpng": "libpng"}[fill]
-        assert "the loader rows with libpng" in md
+        names_of = {"wuffs": "Wuffs", "libpng": "libpng"}
+        assert rows["loader-cpu"][1] == names_of[each]
+        assert rows["loader-cpu-cached"][1] == names_of[fill]
+        assert f"the loader rows with {names_of[each]}" in md
         assert rows["loader-cpu"][10:] == ["24", "", ""]
         c = by["loader-cpu-cached"]
         assert rows["loader-cpu-cached"][10:] == [
@@ -203,8 +208,12 @@ def test_bench_compares_png_decoders(tiny_tree, tmp_path, monkeypatch):
         assert "| loader-cpu-wuffs | Wuffs |" in md and "| loader-cpu-libpng | libpng |" in md
         assert "loader-cpu-wuffs/loader-cpu-libpng = " in md
         assert "(--png-decoder wuffs libpng)" in md
-    # Without Wuffs the default is libpng, and asking for Wuffs skips the row with the reason.
+    # Without Wuffs (pywuffs, nor the native core's TF op) the default is libpng, and asking
+    # for Wuffs skips the row with the reason.
+    from dali_loader.decode import png_stage
+
     monkeypatch.setattr(png_cpu, "available", lambda: False)
+    monkeypatch.setattr(png_stage, "_tf_op_available", lambda: False)
     res = run_bench(tiny_tree, batch_size=8, image_size=(32, 32), rounds=1, max_batches=1,
                     include=["loader-cpu"], progress=False)
     assert [(s["pipeline"], s["png_decoder"]) for s in res["summary"]] == [
@@ -212,6 +221,6 @@ def test_bench_compares_png_decoders(tiny_tree, tmp_path, monkeypatch):
     assert "| loader-cpu | libpng |" in results_markdown(res)
     res = run_bench(tiny_tree, batch_size=8, image_size=(32, 32), rounds=1, max_batches=1,
                     include=["loader-cpu"], progress=False, png_decoder="wuffs")
-    assert res["summary"] == [] and "pywuffs" in res["skipped"]["loader-cpu"]
+    assert res["summary"] == [] and "build_tf" in res["skipped"]["loader-cpu"]
     with pytest.raises(ValueError, match="Received: png_decoder='gpu'"):
         run_bench(tiny_tree, png_decoder="gpu")

@@ -273,14 +273,18 @@ def test_run_measures_both_decoders(tmp_path, monkeypatch):
         f = verdict(forced)
         assert f["stage_rates_with_loader"]["decode"] == pytest.approx(
             f["decode_bounds"]["libpng"])
-    # Without Wuffs: libpng runs, and asking for Wuffs fails.
+    # Without Wuffs (pywuffs, nor the native core's TF op): libpng runs, and asking for
+    # Wuffs fails.
+    from dali_loader.decode import png_stage
+
     monkeypatch.setattr(png_cpu, "available", lambda: False)
+    monkeypatch.setattr(png_stage, "_tf_op_available", lambda: False)
     m = run_diagnose(root, sample=6, **FAST)
     assert m.png_decoder == "libpng" and m.wuffs_all_cores is None and m.png_fallbacks is None
     v = verdict(m)
     assert v["decode_bounds"]["wuffs"] is None
     assert v["stage_rates_with_loader"]["decode"] == pytest.approx(v["decode_bounds"]["libpng"])
-    with pytest.raises(ImportError, match="pywuffs"):
+    with pytest.raises(ImportError, match="build_tf"):
         run_diagnose(root, sample=6, png_decoder="wuffs", **FAST)
     with pytest.raises(ValueError, match="Received: png_decoder='gpu'"):
         run_diagnose(root, png_decoder="gpu")

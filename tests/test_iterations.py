@@ -20,7 +20,7 @@ from tf_adapter import image_dataset_from_directory as ours  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
 
-DECODERS = ["tf", "dali", "tf-wuffs"]  # tf-wuffs: Wuffs decodes PNGs on the feed's threads
+DECODERS = ["tf", "dali", "tf-wuffs"]  # tf-wuffs: the native core's TF op decodes PNGs
 ON_ERROR = ["raise", "skip"]
 
 

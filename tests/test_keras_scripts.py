@@ -26,7 +26,7 @@ from tf_adapter import image_dataset_from_directory as ours  # noqa: E402
 
 PATHS = {
     "tf": dict(decoder="tf"),  # TF decodes in the graph (audited)
-    "tf-wuffs": dict(decoder="tf", png_decoder="wuffs"),  # Wuffs on the feed's threads
+    "tf-wuffs": dict(decoder="tf", png_decoder="wuffs"),  # the native core's TF op in the graph
     "dali-wuffs": dict(decoder="dali", handoff="plugin", png_decoder="wuffs"),
     "tf-cached": dict(decoder="tf", gpu_ready=True),
     "dali-generator": dict(decoder="dali", handoff="generator"),

@@ -15,7 +15,7 @@ import pytest
 from conftest import _photo, save
 from dali_loader.decode import png_cpu, png_stage
 from dali_loader.decode.png_cpu import Fallback, decode_png
-from dali_loader.decode.png_stage import KerasPixels, PixelItems, RawOrCheckedItems
+from dali_loader.decode.png_stage import KerasPixels, RawOrCheckedItems
 from dali_loader.feed.items import Paths
 from dali_loader.testing.mutate import mutate
 from dali_loader.testing.pngs import encode_png
@@ -98,7 +98,10 @@ def test_every_file_once_with_its_label_keras_pixels(trees, png_trees, decoder, 
               seed=3, on_error="skip", decoder=decoder, verbose=False, png_decoder="wuffs")
     loader = ds._dali_loader
     items = loader.feed.items if decoder else loader.items
-    assert isinstance(items, RawOrCheckedItems if decoder else PixelItems)
+    # The CPU default decodes in TF's graph, PNGs by the native core's op (tf_png).
+    assert isinstance(items, RawOrCheckedItems if decoder else Paths)
+    if decoder is None:
+        assert loader.png_decoder is png_stage.PngDecoder.WUFFS
     orders = []
     for epoch in range(2):
         got = [(x, int(y)) for xb, yb in ds for x, y in zip(xb.numpy(), yb.numpy())]
@@ -115,6 +118,8 @@ def test_every_file_once_with_its_label_keras_pixels(trees, png_trees, decoder, 
     assert orders[0] != orders[1]  # shuffled per epoch
     assert sorted(loader.skipped) == sorted(str(mixed / "b" / n)
                                             for n in ("truncated.png", "adler_0.png", "adler_1.png"))
+    if decoder is None:  # no Python per image in the graph: nothing counted
+        return
     channels = {"rgb": 3, "grayscale": 1, "rgba": 4}[color_mode]
     stats = loader.epoch_stats[-1]
     pngs = sum(1 for p in mixed.rglob("*") if p.is_file()
@@ -142,8 +147,8 @@ def test_big_pngs_among_raw_entries(png_trees, color_mode, monkeypatch):
 
 @pytest.mark.parametrize("png_decoder", [None, "libpng"])
 def test_png_decoder_libpng_keeps_tfs_own_path(trees, png_decoder):
-    """libpng each epoch by default: TF's kernels decode in the graph (faster end to
-    end than Wuffs on the feed's threads, docs/png_cpu.md)."""
+    """TF's graph decodes each epoch, PNGs by the native core's op by default
+    (`tf_png`), by TF's libpng with "libpng": the same pixels, Keras's."""
     mixed, clean = trees
     ds = ours(str(clean), image_size=SIZE, batch_size=4, shuffle=False, verbose=False,
               png_decoder=png_decoder)
@@ -161,11 +166,11 @@ def test_png_decoder_arguments(trees, monkeypatch, caplog, tmp_path):
     with pytest.raises(ValueError, match="service"):
         ours(str(clean), png_decoder="wuffs", service="grpc://localhost:1", verbose=False)
     monkeypatch.setattr(png_cpu, "available", lambda: False)
-    with pytest.raises(ImportError, match="pip install pywuffs"):
-        ours(str(clean), png_decoder="wuffs", verbose=False)
+    with pytest.raises(ImportError, match="pip install pywuffs"):  # the DALI path's Wuffs
+        ours(str(clean), png_decoder="wuffs", decoder="dali", verbose=False)
     monkeypatch.setattr(png_stage, "_said_missing", png_stage.threading.Event())
     with caplog.at_level(logging.WARNING, logger="dali_loader.decode.png_stage"):
-        ds = ours(str(clean), image_size=SIZE, verbose=False)  # libpng: nothing to say
+        ds = ours(str(clean), image_size=SIZE, verbose=False)  # the op: nothing to say
         assert isinstance(ds._dali_loader.items, Paths)
         for i in range(2):  # a GPU-ready cache fills with libpng instead: said once
             ds = ours(str(clean), image_size=SIZE, verbose=False, gpu_ready=True,

@@ -234,15 +234,17 @@ def image_dataset_from_directory(
             batches (docs/service.md). Combines with the CPU options only
             (decoder None or "tf"; not DALI, `gpu_ready`, `handoff` or
             `input_context`).
-        png_decoder: Who decodes PNGs. None: libpng each epoch (TF's kernels
-            on the CPU path, DALI's nvImageCodec on the DALI path: faster end
-            to end here), and Wuffs for the GPU-ready cache's fills where it is
-            installed (`make install` builds it; else libpng, said once).
-            "wuffs": Wuffs on every path but the tf.data service (TF's graph),
-            1.1-1.3x libpng's decode and exactly TF's pixels (the files it does
-            not reproduce go to TF's decoder, counted in `epoch_stats`); on the
-            DALI path PNGs enter DALI as pixels, other files are decoded by
-            DALI. "libpng": TF's decoder, or DALI's, everywhere. "gpu": the
+        png_decoder: Who decodes PNGs (`png_stage.png_route` says what runs).
+            None: on the CPU default, the native core (Wuffs behind a front end
+            that gives TF's outcome) as a TF op in tf.data's graph where `make
+            install` built it (else TF's libpng, said once), with TF's decoder
+            in the same graph for every file it leaves; on the DALI path DALI's
+            decoder; Wuffs for the GPU-ready cache's fills where installed; TF's
+            libpng on the tf.data service's workers. "wuffs": the native op on
+            the CPU default (an ImportError naming its build step when it is
+            missing); on the DALI path Wuffs on the feed's threads, PNGs
+            entering DALI as pixels, other files decoded by DALI. "libpng":
+            TF's decoder, or DALI's, everywhere. "gpu": the
             batched GPU PNG decoder (nvCOMP + CUDA kernels; unverified on a
             GPU, experimental), the other files by TF on the CPU, DALI only
             resizes; needs the DALI path (device="gpu", or decoder="dali" on
@@ -294,7 +296,8 @@ def image_dataset_from_directory(
             'libpng there. Pass png_decoder=None (or "libpng") with `service`. '
             f"Received: png_decoder={png_decoder!r}, service={service!r}")
     png_gpu = resolve_png_decoder(png_decoder, device=device, decoder=decoder,
-                                  gpu_ready=gpu_ready) is PngDecoder.GPU
+                                  gpu_ready=gpu_ready,
+                                  service=address is not None) is PngDecoder.GPU
     if gpu_ready is ReadyForm.TIFF and device == "gpu" and not TIFF_GPU_DECODE_VERIFIED:
         logger.warning(
             'gpu_ready="tiff": whether DALI decodes these TIFFs on the GPU is unverified; on a '

@@ -29,18 +29,25 @@ def read_item(tf, data, offset):
     return tf.cond(offset >= 0, from_file, lambda: data)
 
 
-def decode_like_keras(data, spec, tf):
+def decode_like_keras(data, spec, tf, native_png: bool = False):
     """Decodes one encoded image tensor the way Keras's loader decodes a file.
 
     Args:
         data: A scalar tf.string with the file's bytes.
         spec: The `dali_loader.decode.spec.ImageSpec` to produce.
         tf: The tensorflow module.
+        native_png: Decode PNGs with the native core's TF op (`tf_png`; the same
+            pixels, TF's decoder for every file it leaves). It must be loaded.
 
     Returns:
         The image tensor, shaped like Keras's (HWC, or CHW for channels_first).
     """
-    img = tf.image.decode_image(data, channels=spec.channels, expand_animations=False)
+    if native_png:
+        from dali_loader.decode.tf_png import decode_image_like_keras
+
+        img = decode_image_like_keras(data, spec.channels, tf)
+    else:
+        img = tf.image.decode_image(data, channels=spec.channels, expand_animations=False)
     return resize_like_keras(img, spec, tf)
 
 

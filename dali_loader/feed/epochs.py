@@ -99,6 +99,9 @@ class Feed:
         self.on_error = check_on_error(on_error)
         self.max_in_flight = positive_int("max_in_flight", max_in_flight)
         self.report = SkipReport()
+        # Who decodes PNGs downstream (a png_stage.PngDecoder), set by the
+        # dataset's make_loader for the TF path's graph; None: TF's decoder.
+        self.png_decoder = None
         self._started = 0
         self._next = 0  # the next iteration's epoch number
         self._lock = threading.Lock()

@@ -121,10 +121,11 @@ def make_loader(source: Source, index: Index, spec: ImageSpec, *, batch_size: in
     through the GPU-ready cache (`feed.ready`): each file is decoded on the CPU
     once; raw entries are then only reshaped (by TF's kernels or by DALI), TIFF
     entries decoded by DALI, filled by Wuffs where installed unless
-    `png_decoder="libpng"`. `png_decoder` (`png_stage.resolve_png_decoder`):
-    None or "libpng" keeps TF's or DALI's decoder each epoch; with "wuffs"
-    every PNG is decoded on the feed's threads (`png_stage`), the TF path
-    resizes whole batches of pixels, and DALI reshapes PNGs' raw pixels and
+    `png_decoder="libpng"`. `png_decoder` (`png_stage.png_route` says what
+    runs): on the TF path None is the native core's TF op in the graph where it
+    is built ("wuffs" requires it), "libpng" TF's decoder; on the DALI path None
+    or "libpng" keep DALI's decoder, and with "wuffs" every PNG is decoded on
+    the feed's threads (`png_stage`), DALI reshapes PNGs' raw pixels and
     decodes only the other files; "gpu" (DALI path, no `gpu_ready`)
     decodes each batch's PNGs with the batched GPU PNG decoder before DALI
     (`png_batches`), the other files with TF on the CPU; DALI only resizes.
@@ -135,8 +136,10 @@ def make_loader(source: Source, index: Index, spec: ImageSpec, *, batch_size: in
     dali = decoder == "dali" or device == "gpu"
     check_form_for_decoder(gpu_ready, dali)
     threads = num_threads or default_num_threads()
-    pixels = (KerasPixels(spec.channels, threads, max_pixels) if png is PngDecoder.WUFFS
-              else None)
+    # Wuffs on the feed's threads: the DALI path's raw PNG entries, GPU-ready fills.
+    # On the TF path "wuffs" is the native core's op in the graph (`tf_png`).
+    pixels = (KerasPixels(spec.channels, threads, max_pixels)
+              if png is PngDecoder.WUFFS and (dali or gpu_ready is not None) else None)
     if gpu_ready is not None:
         fill = fill_png_decoder(png_decoder)
         filler = (pixels or KerasPixels(spec.channels, threads, max_pixels)
@@ -172,17 +175,17 @@ def make_loader(source: Source, index: Index, spec: ImageSpec, *, batch_size: in
                            max_pixels=max_pixels)
     if gpu_ready is not None:  # whole batches of entries, resized as one tensor
         return Feed(index, ReadyPinned(ready, index.paths), chunk_size=batch_size, **kw)
-    if pixels is not None:  # whole batches of pixels decoded on the feed's threads
-        # Decoded pixels wait in the read-ahead window: one batch, not two.
-        return Feed(index, PixelItems(source, pixels), chunk_size=batch_size,
-                    read_ahead=batch_size, **kw)
     items = {SourceKind.LOCAL_DISK: Paths, SourceKind.NETWORK_FS: RawBytes,
              SourceKind.REMOTE: PinnedOrBytes}[source.kind]
     if items is Paths:  # no reads to wait for: large chunks (after a first small one)
-        return Feed(index, Paths(index.paths, max_pixels), chunk_size=TF_LOCAL_CHUNK, **kw)
-    # TF batches again after decoding: small chunks let decoding start on the
-    # first files of an epoch instead of waiting for a whole batch.
-    return Feed(index, items(source, max_pixels), chunk_size=min(batch_size, TF_CHUNK), **kw)
+        feed = Feed(index, Paths(index.paths, max_pixels), chunk_size=TF_LOCAL_CHUNK, **kw)
+    else:
+        # TF batches again after decoding: small chunks let decoding start on the
+        # first files of an epoch instead of waiting for a whole batch.
+        feed = Feed(index, items(source, max_pixels), chunk_size=min(batch_size, TF_CHUNK),
+                    **kw)
+    feed.png_decoder = png  # WUFFS: the graph decodes PNGs with the native op
+    return feed
 
 
 def _has_jpeg(index: Index) -> bool:
@@ -459,14 +462,17 @@ def _tf_kernel_dataset(tf, feed: Feed, spec: ImageSpec, batch_size: int | None,
     ds = tf.data.Dataset.from_generator(_weakly(epochs, "epoch", lambda: iter(())),
                                         output_signature=(*files, vec))
     ds._dali_epochs = epochs  # held by every dataset and iterator derived from it
+    # PNGs by the native core's op where png_decoder resolved to it (others, and
+    # the files it leaves, by TF's decoder in the same graph: tf_png).
+    native = getattr(feed, "png_decoder", None) is PngDecoder.WUFFS
     if epochs.reads is _Reads.PINNED_OR_BYTES:
         def decode(data, offset, key):
-            return decode_like_keras(read_item(tf, data, offset), spec, tf), key
+            return decode_like_keras(read_item(tf, data, offset), spec, tf, native), key
     else:
         read = tf.io.read_file if epochs.reads is _Reads.PATHS else tf.identity
 
         def decode(data, key):
-            return decode_like_keras(read(data), spec, tf), key
+            return decode_like_keras(read(data), spec, tf, native), key
 
     # The graph functions are plain TF (no Python control flow on tensors): not
     # converted by AutoGraph, which cost about 0.5 s of every construction.

@@ -477,7 +477,8 @@ def results_markdown(res: dict[str, Any]) -> str:
             which += ", as their PNG decoder column says"
         note += (" PNG decoder: seed and tuned decode with libpng (tf.io.decode_png); the loader "
                  "rows with " + which
-                 + (" (png_decoder's default: libpng each epoch, Wuffs for cache fills)"
+                 + (" (png_decoder's default: the native decoder where built, else libpng, "
+                    "each epoch; Wuffs for cache fills)"
                     if asked is None else
                     f" (--png-decoder {asked if isinstance(asked, str) else ' '.join(asked)})")
                  + "; a -cached row's decoder fills its cache.")

@@ -1,0 +1,258 @@
+"""The native PNG core's TF op against TF's libpng: the op alone, then the CPU default.
+
+In one process per malloc setting, over the same photo-like 500x375 PNGs (the sample
+dataset), alternating in every round:
+
+1. The decode alone, inside tf.data (no Python per image): in-memory bytes to RGB pixels
+   through ``Dataset.map`` on a private pool of 1 and then 2 threads, over the sample
+   dataset's PNGs (sensor noise, compression 1.67x) and over smoother photo-like PNGs
+   (``testing.pngs.photo``, saved by Pillow: compression about 2.2x), with
+   ``tf.io.decode_png`` (libpng, what Keras and the seed run), the op alone
+   (``tf_png.decode_png``) and the op behind its fallback ``tf.cond``
+   (``tf_png.decode_image_like_keras``, what the dataset runs). Images/s and CPU ms per image
+   (all threads of the process).
+2. Epochs at 244x244, batch 128, from a local folder: the seed pipeline
+   (``tools/baselines.seed_pipeline``), the CPU default with ``png_decoder="libpng"``
+   (TF's decoder, the default before) and with the op (``png_decoder=None``, the default
+   now). Images/s, CPU ms per image, cores busy (CPU time / wall time) and minor page
+   faults per image. And the CPU default with the op over 4,000 tiny 8x8 PNGs: the per-file
+   cost besides decoding.
+
+Each malloc setting runs in its own process: glibc's default, and the ``GLIBC_TUNABLES`` of
+docs/gpu_ready.md (this VM charges for fresh memory). Prints best and range per row over
+the rounds, and ratios (best against best).
+
+    .venv/bin/python benchmarks/bench_tf_png_op.py [--num-images 1024] [--rounds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+MALLOC_TUNABLES = ("glibc.malloc.mmap_threshold=268435456:glibc.malloc.trim_threshold=4294967296"
+                   ":glibc.malloc.top_pad=268435456")
+STAGE = ("libpng", "op", "op+cond")
+SETS = ("sample", "photo")
+EPOCHS = ("seed", "cpu-libpng", "cpu-native")
+TINY = "cpu-native-tiny"
+
+
+def _faults() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+def stage_dataset(blobs: list[bytes], which: str, threads: int):
+    """A tf.data pipeline decoding `blobs` to RGB with `which` on `threads` threads."""
+    import tensorflow as tf
+
+    from dali_loader.decode import tf_png
+
+    fns = {"libpng": lambda b: tf.io.decode_png(b, channels=3),
+           "op": lambda b: tf_png.decode_png(b, 3)[0],
+           "op+cond": lambda b: tf_png.decode_image_like_keras(b, 3, tf)}
+    opts = tf.data.Options()
+    opts.threading.private_threadpool_size = threads
+    opts.autotune.enabled = False
+    ds = tf.data.Dataset.from_tensor_slices(blobs).map(
+        fns[which], num_parallel_calls=threads, deterministic=True)
+    # Sum each image to a scalar in the graph: nothing per image reaches Python.
+    ds = ds.map(lambda x: tf.reduce_sum(tf.cast(x[:1, :1], tf.int32)))
+    return ds.batch(256).with_options(opts)
+
+
+def measure(ds, images: int) -> dict:
+    f0, c0, t0 = _faults(), time.process_time(), time.perf_counter()
+    n = 0
+    for batch in ds:
+        n += _count(batch)
+    wall, cpu, faults = time.perf_counter() - t0, time.process_time() - c0, _faults() - f0
+    if images is not None:
+        assert n == images, (n, images)
+    return {"img_s": n / wall, "cpu_ms": 1e3 * cpu / n, "busy": cpu / wall, "faults": faults / n}
+
+
+def _count(batch) -> int:
+    x = batch[0] if isinstance(batch, tuple) else batch
+    return int(x.shape[0])
+
+
+def make_dataset(data: str, which: str):
+    from dali_loader.tools.baselines import seed_pipeline
+    from tf_adapter import image_dataset_from_directory
+
+    if which == "seed":
+        return seed_pipeline(data, batch_size=128, image_size=(244, 244))[0]
+    png = {"cpu-libpng": "libpng", "cpu-native": None}[which]
+    ds = image_dataset_from_directory(data, batch_size=128, image_size=(244, 244), shuffle=True,
+                                      seed=1, verbose=False, png_decoder=png)
+    want = {"cpu-libpng": "libpng", "cpu-native": "wuffs"}[which]
+    assert ds._dali_loader.png_decoder.value == want, (which, ds._dali_loader.png_decoder)
+    return ds
+
+
+def photo_blobs(n: int) -> list[bytes]:
+    """`n` smooth photo-like 375x500 RGB PNGs (`testing.pngs.photo`), saved by Pillow."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    from dali_loader.testing.pngs import photo
+
+    rng = np.random.default_rng(3)
+    out = []
+    for _ in range(n):
+        buf = io.BytesIO()
+        Image.fromarray(photo(rng, 375, 500)).save(buf, format="PNG")
+        out.append(buf.getvalue())
+    return out
+
+
+def tiny_folder(root: str, n: int = 4000) -> str:
+    import numpy as np
+
+    from dali_loader.testing.pngs import encode_png
+
+    os.makedirs(os.path.join(root, "c"), exist_ok=True)
+    rng = np.random.default_rng(0)
+    for i in range(n):
+        with open(os.path.join(root, "c", f"{i}.png"), "wb") as f:
+            f.write(encode_png(rng.integers(0, 256, (8, 8, 3), dtype=np.uint8), (1,)))
+    return root
+
+
+def run_one(data: str, rounds: int, stage_images: int, tiny: str) -> dict:
+    paths = sorted(os.path.join(d, f) for d, _, fs in os.walk(data) for f in fs)
+    sets = {"sample": [open(p, "rb").read() for p in paths[:stage_images]],
+            "photo": photo_blobs(stage_images)}
+    stage = {f"{s}:{k}-{t}": [] for s in SETS for t in (1, 2) for k in STAGE}
+    epochs = {k: [] for k in EPOCHS + (TINY,)}
+    datasets = {k: make_dataset(data, k) for k in EPOCHS}
+    from tf_adapter import image_dataset_from_directory
+
+    datasets[TINY] = image_dataset_from_directory(tiny, batch_size=128, image_size=(8, 8),
+                                                  seed=1, verbose=False)
+    tiny_n = len(os.listdir(os.path.join(tiny, "c")))
+    seed_images = None
+    for k, ds in datasets.items():  # warm up: tracing, pools, page cache
+        n = sum(_count(b) for b in ds)
+        if k == "seed":
+            seed_images = n  # the seed's 80% split
+        else:
+            assert n == (tiny_n if k == TINY else len(paths)), (k, n)
+    want = {k: seed_images if k == "seed" else tiny_n if k == TINY else len(paths)
+            for k in datasets}
+    for s in SETS:
+        for t in (1, 2):
+            for k in STAGE:
+                measure(stage_dataset(sets[s], k, t), len(sets[s]))
+    for r in range(rounds):
+        for s in SETS:
+            for t in (1, 2):
+                for k in STAGE:
+                    stage[f"{s}:{k}-{t}"].append(
+                        measure(stage_dataset(sets[s], k, t), len(sets[s])))
+        for k in datasets:
+            epochs[k].append(measure(datasets[k], want[k]))
+        print(f"  round {r + 1}: " + ", ".join(
+            f"{k} {v[-1]['img_s']:.0f} img/s {v[-1]['cpu_ms']:.2f} ms"
+            for d in (stage, epochs) for k, v in d.items()), flush=True)
+    return {"stage": stage, "epochs": epochs, "files": len(paths), "stage_images": stage_images,
+            "seed_images": seed_images,
+            "compression": {s: 375 * 500 * 3 * len(b) / sum(map(len, b))
+                            for s, b in sets.items()}}
+
+
+def report(name: str, res: dict) -> None:
+    st, ep = res["stage"], res["epochs"]
+
+    def row(runs):
+        rates = [r["img_s"] for r in runs]
+        return (f"{max(rates):7.1f} img/s ({min(rates):.1f}-{max(rates):.1f}), CPU ms/img "
+                f"{min(r['cpu_ms'] for r in runs):.2f}, cores busy "
+                f"{max(r['busy'] for r in runs):.2f}, faults/img "
+                f"{min(r['faults'] for r in runs):.1f}")
+
+    print(f"\n## {name}: best (range) of {len(ep['seed'])} alternating rounds")
+    for s in SETS:
+        print(f"  {s} PNGs, compression {res['compression'][s]:.2f}x:")
+        for t in (1, 2):
+            for k in STAGE:
+                print(f"    decode alone in tf.data, {t} thread(s), {k:<8} "
+                      f"{row(st[f'{s}:{k}-{t}'])}")
+            lib = min(r["cpu_ms"] for r in st[f"{s}:libpng-{t}"])
+            for k in ("op", "op+cond"):
+                runs = st[f"{s}:{k}-{t}"]
+                per_round = [a["cpu_ms"] / b["cpu_ms"] for a, b in zip(st[f"{s}:libpng-{t}"],
+                                                                      runs)]
+                print(f"      {k}: libpng's CPU per image / its own, lowest against lowest "
+                      f"{lib / min(r['cpu_ms'] for r in runs):.2f}x (per round "
+                      f"{min(per_round):.2f}-{max(per_round):.2f}x)")
+    seed = max(r["img_s"] for r in ep["seed"])
+    seed_ms = min(r["cpu_ms"] for r in ep["seed"])
+    for k in EPOCHS + (TINY,):
+        print(f"  {k:<15} {row(ep[k])}  best / seed best "
+              f"{max(r['img_s'] for r in ep[k]) / seed:.2f}x, seed's CPU / its CPU "
+              f"{seed_ms / min(r['cpu_ms'] for r in ep[k]):.2f}x")
+    native, lib = (max(r["img_s"] for r in ep[k]) for k in ("cpu-native", "cpu-libpng"))
+    print(f"  cpu-native / cpu-libpng (best) {native / lib:.2f}x")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--data", default=None, help="PNG folder (default: a new sample dataset)")
+    ap.add_argument("--num-images", type=int, default=1024)
+    ap.add_argument("--stage-images", type=int, default=300,
+                    help="images of the decode-alone rows")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--malloc", choices=("both", "default", "tuned"), default="both")
+    ap.add_argument("--json", default=None, help="also write the numbers here")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.child:
+        with tempfile.TemporaryDirectory(prefix="bench-tf-png-op-tiny-") as tiny:
+            res = run_one(args.data, args.rounds, args.stage_images, tiny_folder(tiny))
+        with open(args.json, "w") as f:
+            json.dump(res, f)
+        return 0
+    with tempfile.TemporaryDirectory(prefix="bench-tf-png-op-") as tmp:
+        data = args.data
+        if data is None:
+            from dali_loader.tools.sample import make_sample_dataset
+
+            data = make_sample_dataset(os.path.join(tmp, "data"), num_images=args.num_images,
+                                       num_classes=4, size=(375, 500), seed=0)
+        print(f"PNGs 500x375 in {data}; {os.cpu_count()} cores", flush=True)
+        results = {}
+        for which in (("default", "tuned") if args.malloc == "both" else (args.malloc,)):
+            env = dict(os.environ)
+            env.pop("GLIBC_TUNABLES", None)
+            if which == "tuned":
+                env["GLIBC_TUNABLES"] = MALLOC_TUNABLES
+            out = os.path.join(tmp, f"{which}.json")
+            print(f"\nmalloc: {which}", flush=True)
+            subprocess.run([sys.executable, os.path.abspath(__file__), "--child", "--data", data,
+                            "--rounds", str(args.rounds), "--stage-images",
+                            str(args.stage_images), "--json", out], env=env, check=True)
+            with open(out) as f:
+                results[which] = json.load(f)
+        for which, res in results.items():
+            report(f"malloc {which}", res)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(results, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

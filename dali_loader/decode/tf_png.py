@@ -1,0 +1,91 @@
+"""The native PNG core as a TF op (`native/tf_png_op.cc`), in TF's graph.
+
+`decode_image_like_keras(data, channels, tf)` stands where Keras's loader calls
+`tf.image.decode_image`: the op decodes the PNGs the core takes (exactly
+`tf.io.decode_png`'s pixels), on whichever thread runs it (tf.data's), with no
+Python per image; every other file (not a PNG, a PNG the core leaves to libpng,
+a corrupt one) goes to `tf.image.decode_image` in the same graph, behind a
+`tf.cond`, so it gets TF's own outcome and TF's own error.
+
+The op library (`native/_build/dl_tf_png.so`, built by
+`python -m dali_loader.native.build_tf`, part of `make install`) is loaded on
+first use. `available()` says whether it loads here.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+OP_LIBRARY = Path(__file__).resolve().parent.parent / "native" / "_build" / "dl_tf_png.so"
+BUILD_STEP = "python -m dali_loader.native.build_tf (part of `make install`)"
+# Above this many pixels the op leaves a PNG to TF's decoder before sizing any
+# allocation from its header (TF decodes it, or refuses it as Keras would).
+OP_MAX_PIXELS = 1 << 28
+
+_lock = threading.Lock()
+_ops = None
+_error: str | None = None
+
+
+def _load():
+    """The loaded op module, or None (the reason in `_error`)."""
+    global _ops, _error
+    with _lock:
+        if _ops is None and _error is None:
+            if not OP_LIBRARY.exists():
+                _error = f"{OP_LIBRARY} is not built"
+            else:
+                from dali_loader.lazy import import_tf
+
+                tf = import_tf()
+                try:
+                    _ops = tf.load_op_library(str(OP_LIBRARY))
+                except (tf.errors.NotFoundError, OSError) as e:  # a stale build, a missing core
+                    _error = f"{OP_LIBRARY} does not load ({str(e).strip()[:300]})"
+    return _ops
+
+
+def available() -> bool:
+    """Whether the op is built and loads in this process (loads TF and the op)."""
+    return _load() is not None
+
+
+def unavailable_reason() -> str | None:
+    """Why `available()` is False (None when it is True)."""
+    return None if _load() is not None else _error
+
+
+def require():
+    """The op module; ImportError naming the build step when it is not built."""
+    ops = _load()
+    if ops is None:
+        raise ImportError(f"The native PNG decoder's TF op is not available: {_error}. "
+                          f"Build it with: {BUILD_STEP}.")
+    return ops
+
+
+def decode_png(data, channels: int, max_pixels: int = OP_MAX_PIXELS):
+    """The raw op: `(image uint8 [H, W, channels], ok bool)`; not ok: an empty
+    [0, 0, channels] image, the file left to TF's decoder."""
+    return require().dali_loader_decode_png(data, channels=channels, max_pixels=max_pixels)
+
+
+def decode_image_like_keras(data, channels: int, tf):
+    """`tf.image.decode_image(data, channels=channels, expand_animations=False)`,
+    PNGs by the native core: the same pixels, shape [H, W, channels] uint8, and
+    for every file the core leaves, TF's own decoder (its outcome, its error).
+
+    Args:
+        data: A scalar tf.string with the file's bytes.
+        channels: 1, 3 or 4.
+        tf: The tensorflow module.
+    """
+    img, ok = decode_png(data, channels)
+    out = tf.cond(ok, lambda: img, lambda: tf.image.decode_image(
+        data, channels=channels, expand_animations=False))
+    out.set_shape((None, None, channels))
+    return out
