@@ -12,7 +12,8 @@ CPU time is the thread's (``time.thread_time``); page faults are the process's m
 faults (``ru_minflt``). Prints each round and the best round per decoder (this VM's
 timings are noisy: compare best of rounds), and the ratio of each to ``tf``.
 
-    .venv/bin/python benchmarks/bench_png_core.py [--images 200] [--rounds 7] [--threads 1]
+    .venv/bin/python benchmarks/bench_png_core.py [--images 200] [--rounds 7] [--threads 1] \\
+        [--filters 0,1,2,3,4]
 """
 
 from __future__ import annotations
@@ -30,11 +31,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np  # noqa: E402
 
 
-def photo_pngs(n: int, h: int = 375, w: int = 500) -> list[bytes]:
+def photo_pngs(n: int, filters: tuple[int, ...], h: int = 375, w: int = 500) -> list[bytes]:
     from dali_loader.testing.pngs import encode_png, photo
 
     rng = np.random.default_rng(0)
-    return [encode_png(photo(rng, h, w), (0, 1, 2, 3, 4)) for _ in range(n)]
+    return [encode_png(photo(rng, h, w), filters) for _ in range(n)]
 
 
 def decoders(blobs: list[bytes]) -> dict:
@@ -76,16 +77,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--images", type=int, default=200)
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--filters", default="0,1,2,3,4",
+                    help="PNG row filters, in turn (4: Paeth rows only, like most encoders)")
     args = ap.parse_args(argv)
     from dali_loader.decode import png_native
 
     if not png_native.available():
         print(png_native.unavailable_reason())
         return 1
-    blobs = photo_pngs(args.images)
+    blobs = photo_pngs(args.images, tuple(int(f) for f in args.filters.split(",")))
     raw = 375 * 500 * 3 * len(blobs)
     print(f"{len(blobs)} PNGs 500x375, compression {raw / sum(map(len, blobs)):.2f}x, "
-          f"{args.threads} thread(s), {args.rounds} rounds")
+          f"filters {args.filters}, {args.threads} thread(s), {args.rounds} rounds")
     fns = decoders(blobs)
     for fn in fns.values():  # warm up: TF's first call, the per-thread buffers
         for b in blobs[:4]:

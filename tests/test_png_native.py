@@ -7,6 +7,7 @@ ASan + UBSan fuzz run of the core (slow)."""
 from __future__ import annotations
 
 import collections
+import io
 import resource
 import shutil
 import struct
@@ -261,3 +262,45 @@ def pngsuite_if_present(request):
         return request.getfixturevalue("pngsuite")
     except pytest.skip.Exception:
         return None
+
+
+def test_keras_pixels_decode_with_the_core_into_pooled_buffers():
+    """The GPU-ready fill's decoder (`png_stage.KerasPixels`) runs the core where it is
+    built, decoding into the buffers its `alloc` gives (TF's pooled ones by default);
+    what the core leaves and other formats are TF's; a file TF rejects is named."""
+    from PIL import Image
+
+    from dali_loader.decode.png_stage import KerasPixels
+    from dali_loader.errors import CorruptImageError
+
+    rng = np.random.default_rng(5)
+    px = photo(rng, 30, 40)
+    jpeg = io.BytesIO()
+    Image.fromarray(px).save(jpeg, format="JPEG")
+    good = encode_png(px, (4,))
+    keyed = encode_png(px, (4,), trns=b"\x00\x01\x00\x02\x00\x03")  # a tRNS key: TF's
+    given = []
+
+    def alloc(nbytes):
+        given.append(np.empty(nbytes + 64, np.uint8))
+        return given[-1]
+
+    for stage in (KerasPixels(3, num_threads=2), KerasPixels(3, num_threads=2, alloc=alloc)):
+        assert stage.decoder == "native"
+        tally = collections.Counter()
+
+        class Tally:
+            def add(self, what, n=1):
+                tally[what] += n
+
+        for data in (good, jpeg.getvalue(), keyed):
+            ref = tf.image.decode_image(data, channels=3, expand_animations=False).numpy()
+            np.testing.assert_array_equal(stage(data, "x", Tally()), ref)
+        assert tally == {"png_fast": 1, "png_fallbacks": 1}
+        with pytest.raises(CorruptImageError, match="broken.png"):
+            stage(good[:-20], "broken.png", Tally())
+    # One buffer asked for (the fast PNG; the truncated one falls back from its chunks),
+    # and the pixels returned are in it.
+    assert len(given) == 1
+    out = KerasPixels(3, 1, alloc=lambda n: given[0])(good, "x")
+    assert np.shares_memory(out, given[0])
