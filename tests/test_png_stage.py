@@ -160,10 +160,10 @@ def test_png_decoder_arguments(trees, monkeypatch, caplog, tmp_path):
         ours(str(clean), png_decoder="fast", verbose=False)
     with pytest.raises(ValueError, match="service"):
         ours(str(clean), png_decoder="wuffs", service="grpc://localhost:1", verbose=False)
+    monkeypatch.setattr(png_stage.png_native, "available", lambda: False)  # no native core
     monkeypatch.setattr(png_cpu, "available", lambda: False)
     with pytest.raises(ImportError, match="pip install pywuffs"):
         ours(str(clean), png_decoder="wuffs", verbose=False)
-    monkeypatch.setattr(png_stage.png_native, "available", lambda: False)  # no native core
     monkeypatch.setattr(png_stage, "_said_missing", png_stage.threading.Event())
     with caplog.at_level(logging.WARNING, logger="dali_loader.decode.png_stage"):
         ds = ours(str(clean), image_size=SIZE, verbose=False)  # libpng: nothing to say

@@ -1,18 +1,17 @@
 """Which PNG decoder runs, and the CPU decode stage that runs Wuffs.
 
 `png_decoder` picks who decodes PNGs (`PngDecoder`): libpng (TF's kernels on the
-CPU path, DALI's nvImageCodec on the DALI path), the default each epoch; Wuffs,
-exactly TF's pixels, the default for GPU-ready cache fills, where it was faster
-(docs/png_cpu.md): the native core (`png_native`, C++ through ctypes) where it is
-built, else `png_cpu` (pywuffs behind the Python front end); or the batched GPU
-decoder (`png_batches`).
+CPU path, DALI's nvImageCodec on the DALI path), the default each epoch; Wuffs
+(`png_cpu`), exactly TF's pixels, the default for GPU-ready cache fills, where it
+was faster (docs/png_cpu.md); or the batched GPU decoder (`png_batches`).
 
 With Wuffs, every file is decoded on the feed's read-ahead threads, where the
 GIL is released while Wuffs works, at most `num_threads` at once:
 - `KerasPixels`: a file's bytes -> the HxWxC uint8 pixels Keras decodes. PNGs
-  through Wuffs (the native core decodes into a buffer from TF's pooling CPU
-  allocator, not fresh memory); the PNGs it leaves (`png_cpu.Fallback`) and other
-  formats through TF's own decoder, eagerly (libpng, libjpeg, as Keras).
+  through Wuffs: the native core (`png_native`, C++ through ctypes, into buffers
+  from TF's pooling CPU allocator) where it is built, else pywuffs (`png_cpu`);
+  the PNGs it leaves (`png_cpu.Fallback`) and other formats through TF's own
+  decoder, eagerly (libpng, libjpeg, as Keras).
 - `PixelItems`: item reader for the TF path: pixels (the dataset resizes each
   batch; nothing is decoded in the graph).
 - `RawOrCheckedItems`: item reader for the DALI path: a PNG becomes a raw pixel
