@@ -8,10 +8,8 @@ was faster (docs/png_cpu.md); or the batched GPU decoder (`png_batches`).
 With Wuffs, every file is decoded on the feed's read-ahead threads, where the
 GIL is released while Wuffs works, at most `num_threads` at once:
 - `KerasPixels`: a file's bytes -> the HxWxC uint8 pixels Keras decodes. PNGs
-  through Wuffs: the native core (`png_native`, C++ through ctypes, into buffers
-  from TF's pooling CPU allocator) where it is built, else pywuffs (`png_cpu`);
-  the PNGs it leaves (`png_cpu.Fallback`) and other formats through TF's own
-  decoder, eagerly (libpng, libjpeg, as Keras).
+  through Wuffs; the PNGs it leaves (`png_cpu.Fallback`) and other formats
+  through TF's own decoder, eagerly (libpng, libjpeg, as Keras).
 - `PixelItems`: item reader for the TF path: pixels (the dataset resizes each
   batch; nothing is decoded in the graph).
 - `RawOrCheckedItems`: item reader for the DALI path: a PNG becomes a raw pixel
@@ -83,11 +81,6 @@ def resolve_png_decoder(png_decoder, *, device: str, decoder: str | None, gpu_re
     return png_decoder
 
 
-def wuffs_available() -> bool:
-    """Whether Wuffs can decode here: the native core (built) or pywuffs."""
-    return png_native.available() or png_cpu.available()
-
-
 def fill_png_decoder(png_decoder) -> PngDecoder:
     """Who decodes the PNGs a GPU-ready cache fills (once per file, on the feed's
     threads): None picks Wuffs where it is installed (faster there, measured; else
@@ -106,6 +99,11 @@ def fill_png_decoder(png_decoder) -> PngDecoder:
         raise ImportError('png_decoder="wuffs" needs the native PNG core or Wuffs\' Python '
                           f"bindings: {png_native.BUILD_HINT}, or pip install pywuffs==2.0.1.")
     return png_decoder
+
+
+def wuffs_available() -> bool:
+    """Whether Wuffs can decode here: the native core (built) or pywuffs."""
+    return png_native.available() or png_cpu.available()
 
 
 def tf_pooled_empty(nbytes: int) -> np.ndarray:
@@ -146,8 +144,9 @@ class KerasPixels:
             raise ImportError(f"The native PNG decoder is unavailable: "
                               f"{png_native.unavailable_reason()}")
         self.decoder = "native" if native else "pywuffs"
-        self._decode_png = (functools.partial(png_native.decode_png, alloc=alloc or tf_pooled_empty)
-                            if native else png_cpu.decode_png)
+        self._decode_png = (
+            functools.partial(png_native.decode_png, alloc=alloc or tf_pooled_empty)
+            if native else png_cpu.decode_png)
         self.channels = channels
         self.max_pixels = max_pixels
         self._slots = threading.BoundedSemaphore(num_threads)
