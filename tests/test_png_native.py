@@ -320,3 +320,28 @@ def test_keras_pixels_decode_with_the_core_into_pooled_buffers():
     assert len(given) == 1
     out = KerasPixels(3, 1, alloc=lambda n: given[0])(good, "x")
     assert np.shares_memory(out, given[0])
+
+
+def test_build_is_idempotent_and_exports_the_c_api(monkeypatch):
+    """`python -m dali_loader.native.build`: nothing rebuilt when up to date; the
+    library exports png_core.h's three functions; no g++ is a clear error."""
+    from dali_loader.native import build
+
+    if not shutil.which("g++"):
+        pytest.skip("no g++")
+    lib = build.build()
+    before = lib.stat().st_mtime_ns
+    assert build.build() == lib and lib.stat().st_mtime_ns == before
+    import ctypes
+
+    handle = ctypes.CDLL(str(lib))
+    for name in ("dl_png_plan_decode", "dl_png_output_size", "dl_png_decode_into"):
+        assert hasattr(handle, name), name
+    flags = build.link_flags()
+    assert "-l:libdlpng.so" in flags and "-Wl,-rpath,$ORIGIN" in flags
+    assert all(p.exists() for p in build.core_objects())
+    monkeypatch.setenv("PATH", "/nonexistent")
+    monkeypatch.delenv("CXX", raising=False)
+    monkeypatch.delenv("CC", raising=False)
+    with pytest.raises(RuntimeError, match="needs (gcc|g\\+\\+).*apt-get install g\\+\\+"):
+        build.build()
