@@ -365,3 +365,22 @@ def test_open_loader_decodes_pngs_with_the_operator(trees):
     n = sum(len(x) for x, _ in loader)
     (stats,) = loader.epoch_stats
     assert n == stats["files"] and 0 < stats["png_native"] <= len(_pngs(good))
+
+
+@needs_op
+def test_batches_with_one_branch_empty(tmp_path):
+    """A batch where the operator takes every file (DALI's decoder gets none) and one where
+    it takes none: both branches of the graph see empty batches."""
+    rng = np.random.default_rng(4)
+    for i in range(4):
+        (tmp_path / "a").mkdir(exist_ok=True)
+        (tmp_path / "a" / f"{i}.png").write_bytes(encode_png(_photo(rng, H, W)))
+        save(tmp_path / "b" / f"{i}.jpg", _photo(rng, H, W), "JPEG")
+    ref_x, ref_y, paths = _keras(tmp_path, "rgb")
+    ds = ours(str(tmp_path), decoder="dali", shuffle=False, color_mode="rgb",
+              **dict(KW, batch_size=4))
+    x, y = _epoch(ds)
+    _check_pixels(np.abs(x.astype(np.float64) - ref_x).reshape(len(x), -1).max(-1),
+                  range(len(x)), paths)
+    np.testing.assert_array_equal(y, ref_y)
+    assert ds._dali_loader.epoch_stats[0]["png_native"] == 4
