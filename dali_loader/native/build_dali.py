@@ -8,9 +8,9 @@ if needed).
 
 DALI's headers include CUDA's (`cuda_runtime.h`, `crt/host_config.h`, `nv/target`).
 No CUDA toolkit or GPU is needed: the build takes only the include folders of three
-NVIDIA wheels, from the environment where they are installed (TF's GPU build brings
-some), else downloaded once with `pip download` into `_build/cuda_include/` (the
-wheels themselves are not kept, and nothing is installed into the environment).
+NVIDIA wheels, from the environment where all three are installed, else downloaded once
+(pinned versions) with `pip download` into `_build/cuda_include/` (the wheels themselves
+are not kept, and nothing is installed into the environment).
 """
 
 from __future__ import annotations
@@ -99,8 +99,13 @@ def _download_include(package: str, folder: str, header: str) -> str:
 
 
 def cuda_include_dirs() -> list[str]:
-    """The include folders of CUDA's runtime, nvcc's `crt` and CCCL for DALI's headers."""
-    return [_installed_include(folder, header) or _download_include(package, folder, header)
+    """The include folders of CUDA's runtime, nvcc's `crt` and CCCL for DALI's headers:
+    the environment's when all three are installed (one CUDA release, as pip resolved
+    them), else the pinned wheels' (downloaded once), never a mix of the two."""
+    installed = [_installed_include(folder, header) for _, folder, header in CUDA_HEADER_WHEELS]
+    if all(installed):
+        return installed  # type: ignore[return-value]
+    return [_download_include(package, folder, header)
             for package, folder, header in CUDA_HEADER_WHEELS]
 
 
