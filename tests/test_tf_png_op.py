@@ -107,7 +107,7 @@ def test_op_gives_tfs_outcome(files, color_mode):
     counts = _check_files(files, channels)
     # The core decodes: every photo natively (a build that always falls back fails here),
     # and most of the corpus.
-    native, _, raw = _decoders(channels)
+    _, _, raw = _decoders(channels)
     for name, data in _photos().items():
         assert bool(raw(tf.constant(data))[1]), f"{name} was not decoded by the native core"
     assert counts["native"] >= 300, counts

@@ -84,10 +84,11 @@ def resolve_png_decoder(png_decoder, *, device: str, decoder: str | None, gpu_re
     `gpu_ready`, no `service`), the native core's TF op where it is built
     (faster, measured: docs/png_cpu.md), else libpng with one warning naming the
     build; elsewhere LIBPNG (on the DALI path `make_loader` then asks
-    `dali_png.use_native` whether the native DALI operator decodes: `png_route`
-    says so; TF's libpng on the service's workers; GPU-ready fills: `fill_png_decoder`). "wuffs" on the TF path needs the op (an
-    ImportError naming its build step); on the DALI path, `pywuffs`. Raises on a
-    combination that cannot be served."""
+    `dali_png.use_native` whether the native DALI operator decodes, and
+    `png_route` says so; TF's libpng on the service's workers; GPU-ready fills:
+    `fill_png_decoder`). "wuffs" on the TF path needs the op (an ImportError
+    naming its build step); on the DALI path, `pywuffs`. Raises on a combination
+    that cannot be served."""
     if png_decoder not in PNG_DECODERS and not isinstance(png_decoder, PngDecoder):
         raise ValueError('`png_decoder` must be None (the native decoder where it is built, '
                          'else libpng), "wuffs", "libpng" or "gpu" (the batched GPU decoder, '
@@ -156,7 +157,8 @@ class PngRoute:
                  "feed": "pywuffs on the feed's threads", "dali": "DALI's decoder",
                  "gpu": "batched GPU decoder"}
         if self.where == "none":
-            return f"{self.fill} (GPU-ready cache fills, on the feed's threads; epochs decode no PNG)"
+            return (f"{self.fill} (GPU-ready cache fills, on the feed's threads; epochs "
+                    "decode no PNG)")
         return f"{self.decoder} ({where[self.where]})"
 
 
@@ -173,7 +175,7 @@ def png_route(png_decoder=None, *, device: str = "cpu", decoder: str | None = No
     fill = None if gpu_ready is None else fill_png_decoder(png_decoder).value
     if gpu_ready is not None:  # PNGs are decoded by the cache's fills only
         return PngRoute(fill, "none", fill)
-    elif png is PngDecoder.GPU:
+    if png is PngDecoder.GPU:
         where = "gpu"
     elif png is PngDecoder.WUFFS:
         where = "feed" if dali else "tf-op"
