@@ -8,8 +8,13 @@ round by round:
    path ran before) and `fn.dali_loader.png_decode` (the core). On a GPU host the resize
    leaves the CPU, so this is the gain that counts there.
 2. Epochs of `image_dataset_from_directory(decoder="dali")` at 244x244, batch 128, on a
-   local folder: `png_decoder="libpng"` (DALI's decoder) and the default (the operator).
-   DALI's CPU resize is in this figure.
+   local folder: `png_decoder="libpng"` (DALI's decoder), the default (the operator), and
+   `png_decoder="wuffs"` (the other design: Wuffs through pywuffs on the feed's threads,
+   each PNG entering DALI as raw pixels). DALI's CPU resize is in this figure.
+
+On a shared machine the rate of one epoch swings with the other processes' load; the CPU
+time per image (all threads of this process) barely does. So the report gives both, and
+the median of the per-round ratios (each round's epochs run back to back).
 
 Each malloc setting runs in its own process: glibc's default, and `GLIBC_TUNABLES` that
 keep freed memory in the process (this VM charges for fresh memory; docs/gpu_ready.md).
@@ -35,7 +40,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MALLOC_TUNABLES = ("glibc.malloc.mmap_threshold=268435456:glibc.malloc.trim_threshold=4294967296"
                    ":glibc.malloc.top_pad=268435456")
 STAGE = ("dali-libpng", "native-op")
-EPOCHS = ("libpng", "native")
+EPOCHS = ("libpng", "native", "wuffs")
 BATCH = 128
 
 
@@ -83,10 +88,10 @@ def make_dataset(data: str, which: str):
 
     return image_dataset_from_directory(data, batch_size=BATCH, image_size=(244, 244),
                                         shuffle=True, seed=1, verbose=False, decoder="dali",
-                                        png_decoder="libpng" if which == "libpng" else None)
+                                        png_decoder=None if which == "native" else which)
 
 
-def run_one(data: str, rounds: int) -> dict:
+def run_one(data: str, rounds: int, stage: bool = True) -> dict:
     import numpy as np
 
     from dali_loader.tools.bench import timed_epoch
@@ -99,12 +104,14 @@ def run_one(data: str, rounds: int) -> dict:
                  "epochs": {k: [] for k in EPOCHS}, "cpu_ms": {}, "png_native": []}
     for k in list(out["stage"]) + list(EPOCHS):
         out["cpu_ms"][k] = []
-    pipes = {f"{k}-{t}": stage_pipeline(blobs, k, t) for k in STAGE for t in (1, 2)}
+    pipes = ({f"{k}-{t}": stage_pipeline(blobs, k, t) for k in STAGE for t in (1, 2)}
+             if stage else {})
     for p, _ in pipes.values():  # warm up
         p.run()
     datasets = {k: make_dataset(data, k) for k in EPOCHS}
     assert datasets["native"]._dali_loader.png_native, "the operator is not built"
     assert not datasets["libpng"]._dali_loader.png_native
+    assert not datasets["wuffs"]._dali_loader.png_native
     for ds in datasets.values():  # warm up: tracing, pools, page cache
         timed_epoch("warm-up", ds, 0.0, max_batches=1)
     for r in range(rounds):
@@ -131,22 +138,29 @@ def report(name: str, res: dict) -> None:
     def span(v):
         return f"{max(v):7.1f} ({min(v):.1f}-{max(v):.1f})"
 
+    def median(v):
+        v = sorted(v)
+        return (v[len(v) // 2] + v[(len(v) - 1) // 2]) / 2
+
     print(f"\n## {name}: images/s, best (range) of {len(ep['libpng'])} alternating rounds; "
           "CPU ms per image (all threads), lowest")
-    for t in (1, 2):
+    for t in (1, 2) if st["native-op-1"] else ():
         lib, nat = st[f"dali-libpng-{t}"], st[f"native-op-{t}"]
         ratios = [a / b for a, b in zip(nat, lib)]
         print(f"  decode stage, {t} DALI thread(s): DALI's libpng {span(lib)} img/s "
               f"{min(cpu[f'dali-libpng-{t}']):.2f} ms  operator {span(nat)} img/s "
               f"{min(cpu[f'native-op-{t}']):.2f} ms  best/best {max(nat) / max(lib):.2f}x, "
-              f"per round {min(ratios):.2f}-{max(ratios):.2f}x")
+              f"per round {min(ratios):.2f}-{max(ratios):.2f}x (median {median(ratios):.2f}x); "
+              f"CPU {min(cpu[f'dali-libpng-{t}']) / min(cpu[f'native-op-{t}']):.2f}x less")
     for k in EPOCHS:
         print(f"  decoder='dali', {k:<7} {span(ep[k])} img/s  {min(cpu[k]):6.2f} ms")
-    ratios = [a / b for a, b in zip(ep["native"], ep["libpng"])]
-    print(f"  decoder='dali': operator / DALI's libpng, best/best "
-          f"{max(ep['native']) / max(ep['libpng']):.2f}x, per round "
-          f"{min(ratios):.2f}-{max(ratios):.2f}x; PNGs by the operator per epoch "
-          f"{sorted(set(res['png_native']))}")
+    for k in ("native", "wuffs"):
+        ratios = [a / b for a, b in zip(ep[k], ep["libpng"])]
+        print(f"  decoder='dali': {k} / DALI's libpng, best/best "
+              f"{max(ep[k]) / max(ep['libpng']):.2f}x, per round "
+              f"{min(ratios):.2f}-{max(ratios):.2f}x (median {median(ratios):.2f}x); CPU per "
+              f"image {min(cpu['libpng']) / min(cpu[k]):.2f}x less")
+    print(f"  PNGs by the operator per epoch: {sorted(set(res['png_native']))}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -156,10 +170,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--malloc", choices=("both", "default", "tuned"), default="both")
     ap.add_argument("--json", default=None, help="also write the numbers here")
+    ap.add_argument("--no-stage", action="store_true", help="epochs only")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
-        res = run_one(args.data, args.rounds)
+        res = run_one(args.data, args.rounds, stage=not args.no_stage)
         with open(args.json, "w") as f:
             json.dump(res, f)
         return 0
@@ -180,7 +195,8 @@ def main(argv: list[str] | None = None) -> int:
             out = os.path.join(tmp, f"{which}.json")
             print(f"\nmalloc: {which}", flush=True)
             subprocess.run([sys.executable, os.path.abspath(__file__), "--child", "--data", data,
-                            "--rounds", str(args.rounds), "--json", out], env=env, check=True)
+                            "--rounds", str(args.rounds), "--json", out,
+                            *(["--no-stage"] if args.no_stage else [])], env=env, check=True)
             with open(out) as f:
                 results[which] = json.load(f)
         for which, res in results.items():

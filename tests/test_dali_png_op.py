@@ -86,7 +86,7 @@ def _op_outputs(samples: list[bytes], channels: int):
     @dali.pipeline_def(batch_size=len(arrays), num_threads=2, device_id=None)
     def pipe():
         enc = dali.fn.external_source(source=lambda: arrays, batch=True, dtype=dali.types.UINT8)
-        return tuple(dali_png.png_decode(dali, enc, channels, 1 << 30))
+        return tuple(dali_png.png_decode(dali, enc, channels, 1 << 28))
 
     p = pipe()
     p.build()

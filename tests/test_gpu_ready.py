@@ -143,6 +143,10 @@ def test_cache_is_shared_by_later_datasets_and_processes(photo_tree, tmp_path, d
     assert out.returncode == 0, out.stderr
     assert "21 images (rgb, %s form): 21 decoded and cached, 0 already cached, 0 failed" % form \
         in out.stdout
+    from dali_loader.decode import png_native
+
+    if png_native.available():  # the fill's PNGs go through the native core
+        assert "PNG decoder: Wuffs, native core (21 PNGs; 0 left to libpng)" in out.stdout
     ds = ours(str(photo_tree), decoder=decoder, gpu_ready="tiff" if form == "tiff" else True,
               cache_dir=str(tmp_path), image_size=(16, 16), shuffle=False, verbose=False)
     assert sum(len(x) for x, _ in ds) == 21

@@ -165,6 +165,7 @@ def test_png_decoder_arguments(trees, monkeypatch, caplog, tmp_path):
         ours(str(clean), png_decoder="fast", verbose=False)
     with pytest.raises(ValueError, match="service"):
         ours(str(clean), png_decoder="wuffs", service="grpc://localhost:1", verbose=False)
+    monkeypatch.setattr(png_stage.png_native, "available", lambda: False)  # no native core
     monkeypatch.setattr(png_cpu, "available", lambda: False)
     with pytest.raises(ImportError, match="pip install pywuffs"):  # the DALI path's Wuffs
         ours(str(clean), png_decoder="wuffs", decoder="dali", verbose=False)

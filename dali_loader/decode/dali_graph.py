@@ -4,7 +4,9 @@ Decode, colour conversion, crop/pad to aspect ratio and resize, written so the
 pixels match `tf.io.decode_image` + `tf.image.resize` (what Keras does) and the
 integer crop/pad geometry is Keras's own arithmetic. On a GPU the decoder is
 `mixed` (JPEG decodes on the GPU; PNG is decoded on the CPU by nvImageCodec and
-uploaded) and resize runs on the GPU.
+uploaded) and resize runs on the GPU. With `png_native`, PNGs are decoded by the
+native core's DALI CPU operator (`dali_png`) and the files it leaves by DALI's
+decoder on the CPU, in a per-sample branch; on a GPU the pixels are then uploaded.
 """
 
 from __future__ import annotations
@@ -247,9 +249,9 @@ def image_graph(dali, encoded, spec: ImageSpec, gpu: bool, input: Input = Input.
     `encoded` instead. A per-sample branch of CPU operators picks one or the
     other; neither is copied (measured: `dali_batches.HostPixels`).
 
-    `png_native` (`Input.FILES`; `dali_png.load()` must have returned True): PNGs
-    are decoded by the native core's DALI operator on DALI's CPU threads (its
-    `max_pixels`: None, no limit); the files it leaves by DALI's decoder, on the CPU
+    `png_native` (`Input.FILES`): PNGs are decoded by the native core's DALI
+    operator on DALI's CPU threads, up to `max_pixels` (capped at
+    `dali_png.CORE_MAX_PIXELS`); the files it leaves by DALI's decoder, on the CPU
     (a per-sample branch; on a GPU the pixels are then copied there). Returns
     `(images, ok)` then: `ok` is the operator's per-sample flag (False for a host-
     pixel sample, whose encoded input is a placeholder).
@@ -343,7 +345,7 @@ def build_pipeline(
             operator, the rest by DALI's decoder (`image_graph`); the pipeline
             then has a second output, the operator's per-sample `ok` flag.
         max_pixels: With `png_native`, the operator leaves images whose header
-            claims more pixels (None: no limit; the feed's checks refuse them first).
+            claims more pixels (None: the core's own 2^28, `dali_png.CORE_MAX_PIXELS`).
     """
     dali = import_dali()
     native_kw = dict(png_native=png_native, max_pixels=max_pixels)

@@ -23,6 +23,10 @@ LIBRARY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
                        "native", "_build", "dl_dali_png.so")
 BUILD_COMMAND = "python -m dali_loader.native.build_dali"
 
+# The core's envelope (png_cpu.MAX_PIXELS, the TF op's default): larger PNGs go to DALI's
+# decoder, as before. TF itself refuses PNGs of 2**29 pixels or more.
+CORE_MAX_PIXELS = 1 << 28
+
 _lock = threading.Lock()
 _state: dict[str, object] = {}  # "loaded": bool, "why": str (when not loaded)
 
@@ -64,15 +68,16 @@ def unavailable_reason() -> str | None:
 
 
 def png_decode(dali, encoded, channels: int, max_pixels: int | None):
-    """`(pixels, ok)` of the operator on DataNode `encoded` (1-D uint8 per sample):
-    call only after `load()` returned True. `max_pixels` None: no limit."""
+    """`(pixels, ok)` of the operator on DataNode `encoded` (1-D uint8 per sample). It
+    leaves images over `max_pixels` (None: no limit of the caller's) or over
+    `CORE_MAX_PIXELS`. Raises a RuntimeError where the operator does not load."""
     if channels not in (1, 3, 4):
         raise ValueError(f"`channels` must be 1, 3 or 4. Received: channels={channels}")
     if not load():
         raise RuntimeError(f"The native PNG decoder for DALI is not available: "
                            f"{unavailable_reason()}")
-    return dali.fn.dali_loader.png_decode(encoded, channels=channels,
-                                          max_pixels=int(max_pixels or 0))
+    limit = CORE_MAX_PIXELS if max_pixels is None else min(int(max_pixels), CORE_MAX_PIXELS)
+    return dali.fn.dali_loader.png_decode(encoded, channels=channels, max_pixels=limit)
 
 
 def use_native(png_decoder, *, gpu_with_jpegs: bool) -> bool:

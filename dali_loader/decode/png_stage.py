@@ -7,9 +7,10 @@ decoder runs where for given options (diagnose and bench report it):
   where the op is built (else libpng, said once); "libpng" forces TF's decoder;
 - the DALI path: by default the native core as a DALI operator where it is
   built (`dali_png`; not on a GPU with JPEGs), else DALI's nvImageCodec
-  (libpng), which "libpng" forces; "wuffs": Wuffs (`png_cpu`) on the feed's
-  threads, PNGs entering DALI as raw pixels;
-- GPU-ready cache fills: Wuffs (`png_cpu`) on the feed's threads where installed;
+  (libpng), which "libpng" forces; "wuffs": Wuffs on the feed's threads (as
+  for fills), PNGs entering DALI as raw pixels;
+- GPU-ready cache fills: Wuffs on the feed's threads where installed (the core
+  through ctypes, `png_native`, else `png_cpu`);
 - the tf.data service: TF's libpng (its workers run a pure TF graph);
 - "gpu": the batched GPU decoder (`png_batches`).
 
@@ -32,12 +33,13 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import logging
 import threading
 
 import numpy as np
 
-from dali_loader.decode import png_cpu
+from dali_loader.decode import png_cpu, png_native
 from dali_loader.decode.ready_forms import encode_raw
 from dali_loader.decode.tf_kernels import pixels_like_keras
 from dali_loader.errors import CorruptImageError
@@ -112,9 +114,9 @@ def resolve_png_decoder(png_decoder, *, device: str, decoder: str | None, gpu_re
                 raise ImportError('png_decoder="wuffs" on the CPU default decodes PNGs with the '
                                   f"native core's TF op, which is not available: "
                                   f"{_tf_op_missing()}.")
-        elif not png_cpu.available():
-            raise ImportError('png_decoder="wuffs" needs Wuffs\' Python bindings: '
-                              "pip install pywuffs==2.0.1 (`make install` builds it).")
+        elif not wuffs_available():
+            raise ImportError('png_decoder="wuffs" needs the native PNG core or Wuffs\' Python '
+                              f"bindings: {png_native.BUILD_HINT}, or pip install pywuffs==2.0.1.")
     if png_decoder is PngDecoder.GPU:
         if not (device == "gpu" or decoder == "dali"):
             raise ValueError(
@@ -139,7 +141,8 @@ class PngRoute:
             `gpu_ready`, the fills' decoder).
         where: "tf-op" (the native core as a TF op in tf.data's graph),
             "dali-op" (the native core as a DALI operator in DALI's graph), "tf"
-            (TF's decode_png), "feed" (Wuffs, pywuffs, on the feed's threads),
+            (TF's decode_png), "feed" (Wuffs on the feed's threads: the core
+            through ctypes where built, else pywuffs),
             "dali" (DALI's decoder, nvImageCodec), "gpu" (the batched GPU
             decoder), "none" (raw GPU-ready entries: nothing decoded per epoch).
         fill: with `gpu_ready`, who decodes the PNGs a cache fill reads
@@ -154,7 +157,7 @@ class PngRoute:
         """One line for reports: e.g. "wuffs (native core, TF op in the graph)"."""
         where = {"tf-op": "native core, TF op in the graph",
                  "dali-op": "native core, DALI operator in the graph", "tf": "TF's decode_png",
-                 "feed": "pywuffs on the feed's threads", "dali": "DALI's decoder",
+                 "feed": "on the feed's threads", "dali": "DALI's decoder",
                  "gpu": "batched GPU decoder"}
         if self.where == "none":
             return (f"{self.fill} (GPU-ready cache fills, on the feed's threads; epochs "
@@ -195,19 +198,36 @@ def fill_png_decoder(png_decoder) -> PngDecoder:
     threads): None picks Wuffs where it is installed (faster there, measured; else
     libpng, said once); "wuffs" or "libpng" as asked."""
     if png_decoder is None:
-        if png_cpu.available():
+        if wuffs_available():
             return PngDecoder.WUFFS
         if not _said_missing.is_set():
             _said_missing.set()
             logger.warning("The fast PNG decoder (Wuffs) is not installed: the GPU-ready cache "
-                           "is filled with libpng, about 0.8x as fast. `make install` builds it "
-                           "(pip install pywuffs==2.0.1).")
+                           "is filled with libpng, about 0.7x as fast. `make install` builds it "
+                           f"({png_native.BUILD_HINT}).")
         return PngDecoder.LIBPNG
     png_decoder = PngDecoder(png_decoder)
-    if png_decoder is PngDecoder.WUFFS and not png_cpu.available():
-        raise ImportError('png_decoder="wuffs" needs Wuffs\' Python bindings: '
-                          "pip install pywuffs==2.0.1 (`make install` builds it).")
+    if png_decoder is PngDecoder.WUFFS and not wuffs_available():
+        raise ImportError('png_decoder="wuffs" needs the native PNG core or Wuffs\' Python '
+                          f"bindings: {png_native.BUILD_HINT}, or pip install pywuffs==2.0.1.")
     return png_decoder
+
+
+def wuffs_available() -> bool:
+    """Whether Wuffs can decode here: the native core (built) or pywuffs."""
+    return png_native.available() or png_cpu.available()
+
+
+def tf_pooled_empty(nbytes: int) -> np.ndarray:
+    """A writable uint8 buffer of `nbytes` from TF's CPU allocator, which pools what it
+    frees: decoded pixels reuse the memory of the image before instead of fresh pages
+    (what tfdata.dataset's `_pooled_empty` does for entries). numpy's otherwise."""
+    tf = import_tf()
+    try:
+        out = tf.raw_ops.Empty(shape=[nbytes], dtype=tf.uint8, init=False)._numpy()
+    except (AttributeError, TypeError, ValueError):  # pragma: no cover - a future TF
+        return np.empty(nbytes, np.uint8)
+    return out if out.flags.writeable else np.empty(nbytes, np.uint8)
 
 
 class KerasPixels:
@@ -217,13 +237,28 @@ class KerasPixels:
         channels: 1, 3 or 4 (Keras's colour mode).
         num_threads: Decodes at once (the CPU work; reads in flight are not limited).
         max_pixels: Refuse images whose header claims more pixels (None: no limit).
+        native: Wuffs through the native core (`png_native`) rather than pywuffs
+            (`png_cpu`); None: the core where it is built.
+        alloc: `alloc(nbytes)` -> the uint8 buffer the core decodes into; default
+            `tf_pooled_empty`.
 
     Counts `png_fast` (PNGs Wuffs decoded) and `png_fallbacks` (PNGs left to
-    TF's libpng) into a `tally`, and in `counts` since creation.
+    TF's libpng) into a `tally`, and in `counts` since creation. `decoder` names
+    the one that runs: "native" or "pywuffs".
     """
 
     def __init__(self, channels: int, num_threads: int,
-                 max_pixels: int | None = DEFAULT_MAX_PIXELS):
+                 max_pixels: int | None = DEFAULT_MAX_PIXELS, *, native: bool | None = None,
+                 alloc=None):
+        if native is None:
+            native = png_native.available()
+        elif native and not png_native.available():
+            raise ImportError(f"The native PNG decoder is unavailable: "
+                              f"{png_native.unavailable_reason()}")
+        self.decoder = "native" if native else "pywuffs"
+        self._decode_png = (
+            functools.partial(png_native.decode_png, alloc=alloc or tf_pooled_empty)
+            if native else png_cpu.decode_png)
         self.channels = channels
         self.max_pixels = max_pixels
         self._slots = threading.BoundedSemaphore(num_threads)
@@ -243,7 +278,7 @@ class KerasPixels:
         with self._slots:
             png = data[:8] == png_cpu.SIGNATURE
             if png:
-                px = png_cpu.decode_png(data, self.channels)
+                px = self._decode_png(data, self.channels)
                 if not isinstance(px, png_cpu.Fallback):
                     self._count("png_fast", tally)
                     return px

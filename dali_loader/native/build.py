@@ -108,10 +108,13 @@ def include_dirs() -> list[Path]:
     return [HERE, wuffs_source().parent]
 
 
+def _key(cmd: list[str]) -> str:
+    return hashlib.sha256("\0".join(cmd).encode()).hexdigest()
+
+
 def _up_to_date(output: Path, inputs: list[Path], cmd: list[str]) -> bool:
     stamp = output.with_name(output.name + ".cmd")
-    key = hashlib.sha256("\0".join(cmd).encode()).hexdigest()
-    if not output.exists() or not stamp.exists() or stamp.read_text() != key:
+    if not output.exists() or not stamp.exists() or stamp.read_text() != _key(cmd):
         return False
     return all(p.stat().st_mtime <= output.stat().st_mtime for p in inputs)
 
@@ -127,9 +130,10 @@ def _run(cmd: list[str], output: Path, inputs: list[Path]) -> Path:
     logger.info("%s", shlex.join(real))
     r = subprocess.run(real, capture_output=True, text=True)
     if r.returncode:
-        raise RuntimeError(f"Building {output.name} failed:\n{shlex.join(real)}\n{r.stderr[-4000:]}")
+        raise RuntimeError(f"Building {output.name} failed:\n{shlex.join(real)}\n"
+                           f"{r.stderr[-4000:]}")
     os.replace(tmp, output)
-    output.with_name(output.name + ".cmd").write_text(hashlib.sha256("\0".join(cmd).encode()).hexdigest())
+    output.with_name(output.name + ".cmd").write_text(_key(cmd))
     return output
 
 

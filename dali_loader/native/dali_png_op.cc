@@ -1,6 +1,7 @@
 // dali-loader's native PNG decoder as a DALI CPU operator (issue 27, the DALI path).
 //
 // fn.dali_loader.png_decode(encoded, channels=C, max_pixels=N) -> (pixels, ok)
+//   (max_pixels: positive, default 2^28; a larger image is left, before any allocation)
 //   encoded: 1-D uint8 per sample (a file's bytes, as external_source gives them).
 //   pixels:  HWC uint8 with C channels: exactly tf.io.decode_png(channels=C)'s pixels
 //            where ok; an empty [0, 0, C] sample where not.
@@ -15,7 +16,6 @@
 
 #include <cstdint>
 #include <cstring>
-#include <limits>
 #include <string>
 #include <vector>
 
@@ -33,6 +33,9 @@ class PngDecode : public ::dali::Operator<::dali::CPUBackend> {
     DALI_ENFORCE(channels_ == 1 || channels_ == 3 || channels_ == 4,
                  ::dali::make_string("`channels` must be 1, 3 or 4. Received: channels=",
                                      channels_));
+    DALI_ENFORCE(max_pixels_ > 0,
+                 ::dali::make_string("`max_pixels` must be positive. Received: max_pixels=",
+                                     max_pixels_));
   }
 
   PngDecode(const PngDecode &) = delete;
@@ -50,8 +53,7 @@ class PngDecode : public ::dali::Operator<::dali::CPUBackend> {
                  ::dali::make_string("dali_loader.png_decode takes the files' bytes as uint8. "
                                      "Received: type=", input.type()));
     const int n = input.num_samples();
-    const uint64_t limit = max_pixels_ > 0 ? static_cast<uint64_t>(max_pixels_)
-                                           : std::numeric_limits<uint64_t>::max();
+    const uint64_t limit = static_cast<uint64_t>(max_pixels_);
     plans_.resize(n);
     status_.assign(n, DL_PNG_FALLBACK);
     ::dali::TensorListShape<3> pixels_shape(n);
@@ -132,5 +134,6 @@ empty ([0, 0, channels]) and it is for another decoder.)")
     .NumOutput(2)
     .AddArg("channels", "Output channels: 1, 3 or 4 (like tf.io.decode_png).", DALI_INT32)
     .AddOptionalArg("max_pixels",
-                             "Leave images whose header claims more pixels (0: no limit).",
-                             int64_t{1} << 30);
+                    "Leave images whose header claims more pixels (the core's envelope, "
+                    "and the TF op's default: 2^28).",
+                    int64_t{1} << 28);

@@ -365,8 +365,9 @@ DL_EXPORT int dl_png_decode_into(const uint8_t* data, size_t size, const dl_png_
   if (s.repr) goto wuffs_fail;
 
   work_len = wuffs_png__decoder__workbuf_len(dec).max_incl;
-  // Wuffs' work buffer holds the filtered rows: at most (1 + 8 w) h bytes.
-  if (work_len > (uint64_t{plan->width} * 8 + 1) * plan->height + 64) {
+  // Wuffs' work buffer holds the filtered rows: (1 + w * bytes per pixel) h bytes, at
+  // most 8 per pixel; Adam7's passes add a filter byte and a rounded byte per pass row.
+  if (work_len > (uint64_t{plan->width} * 8 + 4) * plan->height + 64) {
     why = "Wuffs asked for a larger work buffer than the header allows";
     goto fail;
   }

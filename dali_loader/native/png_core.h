@@ -34,7 +34,7 @@ typedef struct {
  * DL_PNG_OK: the core decodes it into dl_png_output_size(plan) bytes.
  * DL_PNG_FALLBACK: the file goes to TF's (or DALI's) decoder; *reason says why
  * (a static string). An image over `max_pixels` falls back before any
- * allocation is sized from its header. */
+ * allocation is sized from its header; 0 means 1 << 28 (png_cpu.MAX_PIXELS). */
 int dl_png_plan_decode(const uint8_t* data, size_t size, int channels,
                        uint64_t max_pixels, dl_png_plan* plan, const char** reason);
 

@@ -187,7 +187,8 @@ def _prefetch_ready(args: argparse.Namespace) -> int:
             f"in {time.monotonic() - start:.1f} s; {entry_bytes} bytes cached for {source_bytes} "
             f"source bytes ({ratio:.2f}x); cache {src.cache.root}\n")
         if pixels is not None:
-            sys.stdout.write(f"PNG decoder: Wuffs ({pixels.counts['png_fast']} PNGs; "
+            binding = "native core" if pixels.decoder == "native" else "pywuffs"
+            sys.stdout.write(f"PNG decoder: Wuffs, {binding} ({pixels.counts['png_fast']} PNGs; "
                              f"{pixels.counts['png_fallbacks']} left to libpng)\n")
         else:
             sys.stdout.write("PNG decoder: libpng (TF's)\n")
