@@ -8,8 +8,8 @@ types), decoded to RGB in memory, alternating in one process, round after round:
 - ``native``: ``png_native.decode_png`` (the C++ core through ctypes, a fresh array each);
 - ``native-into``: ``png_native.decode_png_into`` one reused buffer (what a pool gives).
 
-CPU time is the thread's (``time.thread_time``); page faults are the process's minor
-faults (``ru_minflt``). Prints each round and the best round per decoder (this VM's
+CPU time is the threads' (``time.thread_time``, summed); page faults are the process's minor
+faults (``ru_minflt``); images/s is wall-clock over all threads. Prints each round and the best round per decoder (this VM's
 timings are noisy: compare best of rounds), and the ratio of each to ``tf``.
 
     .venv/bin/python benchmarks/bench_png_core.py [--images 200] [--rounds 7] [--threads 1] \\
@@ -52,8 +52,8 @@ def decoders(blobs: list[bytes]) -> dict:
     return out
 
 
-def one_round(fn, blobs: list[bytes], threads: int) -> tuple[float, float]:
-    """(CPU ms per image summed over threads, minor page faults per image)."""
+def one_round(fn, blobs: list[bytes], threads: int) -> tuple[float, float, float]:
+    """(CPU ms per image summed over threads, minor page faults per image, images/s)."""
     cpu = [0.0] * threads
 
     def work(k: int) -> None:
@@ -62,14 +62,15 @@ def one_round(fn, blobs: list[bytes], threads: int) -> tuple[float, float]:
             fn(b)
         cpu[k] = time.thread_time() - c0
 
-    f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    f0, t0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, time.perf_counter()
     ts = [threading.Thread(target=work, args=(k,)) for k in range(threads)]
     for t in ts:
         t.start()
     for t in ts:
         t.join()
+    wall = time.perf_counter() - t0
     faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0
-    return 1e3 * sum(cpu) / len(blobs), faults / len(blobs)
+    return 1e3 * sum(cpu) / len(blobs), faults / len(blobs), len(blobs) / wall
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -77,6 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--images", type=int, default=200)
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--write-records", default=None, metavar="PATH",
+                    help="write the PNGs as records for bench_png_core_c.cc and exit")
     ap.add_argument("--filters", default="0,1,2,3,4",
                     help="PNG row filters, in turn (4: Paeth rows only, like most encoders)")
     args = ap.parse_args(argv)
@@ -86,6 +89,12 @@ def main(argv: list[str] | None = None) -> int:
         print(png_native.unavailable_reason())
         return 1
     blobs = photo_pngs(args.images, tuple(int(f) for f in args.filters.split(",")))
+    if args.write_records:
+        import struct
+
+        with open(args.write_records, "wb") as f:
+            f.write(b"".join(struct.pack("<I", len(b)) + b for b in blobs))
+        return 0
     raw = 375 * 500 * 3 * len(blobs)
     print(f"{len(blobs)} PNGs 500x375, compression {raw / sum(map(len, blobs)):.2f}x, "
           f"filters {args.filters}, {args.threads} thread(s), {args.rounds} rounds")
@@ -93,16 +102,19 @@ def main(argv: list[str] | None = None) -> int:
     for fn in fns.values():  # warm up: TF's first call, the per-thread buffers
         for b in blobs[:4]:
             fn(b)
-    rows: dict[str, list[tuple[float, float]]] = {name: [] for name in fns}
+    rows: dict[str, list[tuple[float, float, float]]] = {name: [] for name in fns}
     for r in range(args.rounds):
         for name, fn in fns.items():
             rows[name].append(one_round(fn, blobs, args.threads))
         print(f"round {r}: " + ", ".join(f"{n} {v[-1][0]:.3f} ms {v[-1][1]:.0f} flt"
                                         for n, v in rows.items()))
-    best = {n: (min(r[0] for r in v), min(r[1] for r in v)) for n, v in rows.items()}
-    print("best of rounds (lowest CPU ms/image, lowest minor faults/image, speed vs tf):")
-    for n, (ms, flt) in best.items():
-        print(f"  {n:12s} {ms:7.3f} ms  {flt:7.1f} faults  {best['tf'][0] / ms:5.2f}x")
+    best = {n: (min(r[0] for r in v), min(r[1] for r in v), max(r[2] for r in v))
+            for n, v in rows.items()}
+    print("best of rounds (lowest CPU ms/image, lowest minor faults/image, CPU speed vs tf, "
+          "highest images/s):")
+    for n, (ms, flt, rate) in best.items():
+        print(f"  {n:12s} {ms:7.3f} ms  {flt:7.1f} faults  {best['tf'][0] / ms:5.2f}x  "
+              f"{rate:7.1f} img/s")
     return 0
 
 

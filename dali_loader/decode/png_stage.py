@@ -36,6 +36,7 @@ import enum
 import functools
 import logging
 import threading
+from collections.abc import Callable
 
 import numpy as np
 
@@ -249,7 +250,7 @@ class KerasPixels:
 
     def __init__(self, channels: int, num_threads: int,
                  max_pixels: int | None = DEFAULT_MAX_PIXELS, *, native: bool | None = None,
-                 alloc=None):
+                 alloc: Callable[[int], np.ndarray] | None = None):
         if native is None:
             native = png_native.available()
         elif native and not png_native.available():

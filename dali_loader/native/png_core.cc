@@ -15,8 +15,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <new>
-
 #include "wuffs-unsupported-snapshot.c"
 
 #define DL_EXPORT extern "C" __attribute__((visibility("default")))

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from dali_loader.testing import png_corpus
 from dali_loader.testing.mutate import MUTATIONS, corpus, mutate
 from dali_loader.testing.pngs import chunk, encode_png, photo
 
@@ -57,8 +58,8 @@ def mutation_bases() -> list[bytes]:
 
 def sources(pngsuite: Path | None = None) -> list[bytes]:
     """Sound PNGs to fuzz from: `mutation_bases()`, Pillow's 1-bit and 16-bit grey,
-    the generated corpus (`testing/png_corpus`, when present) and PngSuite's valid
-    files (when given)."""
+    the generated corpus (`testing/png_corpus`: every colour type x depth x interlace x
+    ancillary variant, and its corrupt files) and PngSuite's valid files (when given)."""
     from PIL import Image
 
     out = mutation_bases()
@@ -69,25 +70,11 @@ def sources(pngsuite: Path | None = None) -> list[bytes]:
         buf = io.BytesIO()
         img.save(buf, format="PNG")
         out.append(buf.getvalue())
-    try:
-        from dali_loader.testing import png_corpus  # the generated corpus (issue 27)
-    except ImportError:
-        pass
-    else:
-        out.extend(_generated(png_corpus))
+    out.extend(png_corpus.corpus().values())
     if pngsuite is not None and pngsuite.is_dir():
         out.extend(p.read_bytes() for p in sorted(pngsuite.glob("*.png"))
                    if not p.name.startswith("x"))
     return out
-
-
-def _generated(module) -> list[bytes]:
-    for name in ("corpus", "generate", "png_corpus", "build"):
-        fn = getattr(module, name, None)
-        if callable(fn):
-            got = fn()
-            return list(got.values()) if isinstance(got, dict) else [b for _, b in got]
-    return []
 
 
 def stacked_mutants(srcs: list[bytes], n: int, seed: int) -> Iterator[bytes]:
