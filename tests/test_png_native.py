@@ -72,7 +72,8 @@ def test_generated_corpus_every_mode():
     outcomes = _check_all(sorted(png_corpus.corpus().items()))
     # Most are the core's (every depth, both interlace methods, palettes with tRNS);
     # TF keeps tRNS colour keys and gamma greys; the corrupt files are TF's to reject.
-    assert outcomes["fast"] >= 1800, outcomes  # 1,830 of 2,217 (739 files x 3) here
+    # 1,525 of 2,217 (739 files x 3) here: interlaced 1x1 files go to TF (one row high).
+    assert outcomes["fast"] >= 1500, outcomes
     assert outcomes["fallback-rejected"] >= 19 * 3, outcomes
 
 

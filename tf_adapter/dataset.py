@@ -238,9 +238,10 @@ def image_dataset_from_directory(
             None: on the CPU default, the native core (Wuffs behind a front end
             that gives TF's outcome) as a TF op in tf.data's graph where `make
             install` built it (else TF's libpng, said once), with TF's decoder
-            in the same graph for every file it leaves; on the DALI path DALI's
-            decoder; Wuffs for the GPU-ready cache's fills where installed; TF's
-            libpng on the tf.data service's workers. "wuffs": the native op on
+            in the same graph for every file it leaves; on the DALI path the
+            core as a DALI operator where built (else DALI's decoder); Wuffs for
+            the GPU-ready cache's fills where installed; TF's libpng on the
+            tf.data service's workers. "wuffs": the native op on
             the CPU default (an ImportError naming its build step when it is
             missing); on the DALI path Wuffs on the feed's threads, PNGs
             entering DALI as pixels, other files decoded by DALI. "libpng":

@@ -90,6 +90,8 @@ def read_header(data: bytes) -> PngHeader | Fallback:
         return Fallback("IHDR out of range")
     if width * height > MAX_PIXELS:
         return Fallback(f"{width}x{height} is larger than the fast decoder takes")
+    if interlace and height == 1:  # Wuffs stops reading the stream early: libpng decides
+        return Fallback("an interlaced image one row high")
     trns = gamma = False
     seen_idat = idat_done = plte = False
     pos = 33

@@ -7,9 +7,10 @@ decoder runs where for given options (diagnose and bench report it):
   where the op is built (else libpng, said once); "libpng" forces TF's decoder;
 - the DALI path: by default the native core as a DALI operator where it is
   built (`dali_png`; not on a GPU with JPEGs), else DALI's nvImageCodec
-  (libpng), which "libpng" forces; "wuffs": Wuffs (`png_cpu`) on the feed's
-  threads, PNGs entering DALI as raw pixels;
-- GPU-ready cache fills: Wuffs (`png_cpu`) on the feed's threads where installed;
+  (libpng), which "libpng" forces; "wuffs": Wuffs on the feed's threads (as
+  for fills), PNGs entering DALI as raw pixels;
+- GPU-ready cache fills: Wuffs on the feed's threads where installed (the core
+  through ctypes, `png_native`, else `png_cpu`);
 - the tf.data service: TF's libpng (its workers run a pure TF graph);
 - "gpu": the batched GPU decoder (`png_batches`).
 
@@ -86,10 +87,11 @@ def resolve_png_decoder(png_decoder, *, device: str, decoder: str | None, gpu_re
     `gpu_ready`, no `service`), the native core's TF op where it is built
     (faster, measured: docs/png_cpu.md), else libpng with one warning naming the
     build; elsewhere LIBPNG (on the DALI path `make_loader` then asks
-    `dali_png.use_native` whether the native DALI operator decodes: `png_route`
-    says so; TF's libpng on the service's workers; GPU-ready fills: `fill_png_decoder`). "wuffs" on the TF path needs the op (an
-    ImportError naming its build step); on the DALI path, `pywuffs`. Raises on a
-    combination that cannot be served."""
+    `dali_png.use_native` whether the native DALI operator decodes, and
+    `png_route` says so; TF's libpng on the service's workers; GPU-ready fills:
+    `fill_png_decoder`). "wuffs" on the TF path needs the op (an ImportError
+    naming its build step); on the DALI path, `pywuffs`. Raises on a combination
+    that cannot be served."""
     if png_decoder not in PNG_DECODERS and not isinstance(png_decoder, PngDecoder):
         raise ValueError('`png_decoder` must be None (the native decoder where it is built, '
                          'else libpng), "wuffs", "libpng" or "gpu" (the batched GPU decoder, '
@@ -113,9 +115,9 @@ def resolve_png_decoder(png_decoder, *, device: str, decoder: str | None, gpu_re
                 raise ImportError('png_decoder="wuffs" on the CPU default decodes PNGs with the '
                                   f"native core's TF op, which is not available: "
                                   f"{_tf_op_missing()}.")
-        elif not png_cpu.available():
-            raise ImportError('png_decoder="wuffs" needs Wuffs\' Python bindings: '
-                              "pip install pywuffs==2.0.1 (`make install` builds it).")
+        elif not wuffs_available():
+            raise ImportError('png_decoder="wuffs" needs the native PNG core or Wuffs\' Python '
+                              f"bindings: {png_native.BUILD_HINT}, or pip install pywuffs==2.0.1.")
     if png_decoder is PngDecoder.GPU:
         if not (device == "gpu" or decoder == "dali"):
             raise ValueError(
@@ -140,7 +142,8 @@ class PngRoute:
             `gpu_ready`, the fills' decoder).
         where: "tf-op" (the native core as a TF op in tf.data's graph),
             "dali-op" (the native core as a DALI operator in DALI's graph), "tf"
-            (TF's decode_png), "feed" (Wuffs, pywuffs, on the feed's threads),
+            (TF's decode_png), "feed" (Wuffs on the feed's threads: the core
+            through ctypes where built, else pywuffs),
             "dali" (DALI's decoder, nvImageCodec), "gpu" (the batched GPU
             decoder), "none" (raw GPU-ready entries: nothing decoded per epoch).
         fill: with `gpu_ready`, who decodes the PNGs a cache fill reads
@@ -155,10 +158,11 @@ class PngRoute:
         """One line for reports: e.g. "wuffs (native core, TF op in the graph)"."""
         where = {"tf-op": "native core, TF op in the graph",
                  "dali-op": "native core, DALI operator in the graph", "tf": "TF's decode_png",
-                 "feed": "pywuffs on the feed's threads", "dali": "DALI's decoder",
+                 "feed": "on the feed's threads", "dali": "DALI's decoder",
                  "gpu": "batched GPU decoder"}
         if self.where == "none":
-            return f"{self.fill} (GPU-ready cache fills, on the feed's threads; epochs decode no PNG)"
+            return (f"{self.fill} (GPU-ready cache fills, on the feed's threads; epochs "
+                    "decode no PNG)")
         return f"{self.decoder} ({where[self.where]})"
 
 
@@ -175,7 +179,7 @@ def png_route(png_decoder=None, *, device: str = "cpu", decoder: str | None = No
     fill = None if gpu_ready is None else fill_png_decoder(png_decoder).value
     if gpu_ready is not None:  # PNGs are decoded by the cache's fills only
         return PngRoute(fill, "none", fill)
-    elif png is PngDecoder.GPU:
+    if png is PngDecoder.GPU:
         where = "gpu"
     elif png is PngDecoder.WUFFS:
         where = "feed" if dali else "tf-op"

@@ -46,6 +46,8 @@ def _load():
                     _ops = tf.load_op_library(str(OP_LIBRARY))
                 except (tf.errors.NotFoundError, OSError) as e:  # a stale build, a missing core
                     _error = f"{OP_LIBRARY} does not load ({str(e).strip()[:300]})"
+            if _error is not None:
+                logger.debug("The native PNG decoder's TF op: %s", _error)
     return _ops
 
 

@@ -144,6 +144,10 @@ const char* read_header(const uint8_t* d, size_t n, uint64_t max_pixels, Header*
     return "IHDR out of range";
   }
   if (uint64_t{h->width} * h->height > max_pixels) return "larger than the fast decoder takes";
+  // Adam7 one row high: its last pass with pixels is not the 7th, and Wuffs stops reading
+  // the zlib stream once that pass is full, so a stream that goes on (more data, no end,
+  // no Adler-32) would be decoded where libpng refuses it. libpng decides these.
+  if (h->interlace && h->height == 1) return "an interlaced image one row high";
   h->trns = h->gamma_significant = false;
   bool seen_idat = false, idat_done = false, plte = false;
   size_t pos = 33;
