@@ -127,7 +127,7 @@ def run_one(data: str, rounds: int, stage: bool = True) -> dict:
                                  .get("png_native", 0))
         print(f"  round {r + 1}: " + ", ".join(
             f"{k} {v[-1]:.0f} img/s {out['cpu_ms'][k][-1]:.2f} ms"
-            for d in (out["stage"], out["epochs"]) for k, v in d.items())
+            for d in (out["stage"], out["epochs"]) for k, v in d.items() if v)
             + f"; PNGs by the operator {out['png_native'][-1]}", flush=True)
     return out
 
