@@ -11,7 +11,7 @@ import shutil
 import numpy as np
 import pytest
 
-from tests.conftest import _photo, save
+from conftest import _photo, save
 
 keras = pytest.importorskip("keras")
 tf = pytest.importorskip("tensorflow")
