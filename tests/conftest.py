@@ -12,7 +12,10 @@ import pytest
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-PNGSUITE = REPO.parent / "shared" / "pngsuite"
+# PngSuite is an extra corpus where present; DALI_LOADER_PNGSUITE points elsewhere (a missing
+# folder runs the suite as a clone with no ../shared does).
+PNGSUITE = pathlib.Path(os.environ.get("DALI_LOADER_PNGSUITE",
+                                       REPO.parent / "shared" / "pngsuite"))
 
 
 def _photo(rng: np.random.Generator, h: int, w: int) -> np.ndarray:
@@ -40,9 +43,47 @@ def save(path: pathlib.Path, arr: np.ndarray, fmt: str = "PNG") -> pathlib.Path:
 
 @pytest.fixture(scope="session")
 def pngsuite() -> pathlib.Path:
+    """PngSuite itself, for the few tests that check its files by name (an optional extra)."""
     if not PNGSUITE.is_dir():
         pytest.skip(f"PngSuite not found at {PNGSUITE}")
     return PNGSUITE
+
+
+def corpus_files() -> dict[str, bytes]:
+    """The generated stand-in for PngSuite (`dali_loader.testing.png_corpus`), sized for
+    tests that go through every file: at 13x11 every colour type x depth x interlace x
+    variant (240); at 1x1 and 3x2 (some Adam7 passes empty) the plain files (60); and the
+    19 corrupt files ("x" names)."""
+    from dali_loader.testing.png_corpus import corrupt_corpus, valid_corpus
+
+    valid = {n: d for n, d in valid_corpus().items()
+             if n.endswith("_13x11.png") or "_plain_" in n}
+    return {**valid, **corrupt_corpus()}
+
+
+@pytest.fixture(scope="session")
+def pngs(tmp_path_factory) -> pathlib.Path:
+    """One folder of PNGs to run every file through: the generated corpus (`corpus_files`)
+    and, where present, PngSuite's files too (names never collide). Corrupt files' names
+    start with "x", valid ones' never do."""
+    from dali_loader.testing.png_corpus import write
+
+    root = tmp_path_factory.mktemp("pngs")
+    write(str(root), corpus_files())
+    if PNGSUITE.is_dir():
+        for p in PNGSUITE.glob("*.png"):
+            shutil.copy(p, root / p.name)
+    return root
+
+
+def valid_pngs(folder: pathlib.Path) -> list[pathlib.Path]:
+    """The valid PNGs of `folder` (names not starting with "x"), sorted."""
+    return sorted(p for p in folder.glob("*.png") if not p.name.startswith("x"))
+
+
+def corrupt_pngs(folder: pathlib.Path) -> list[pathlib.Path]:
+    """The corrupt PNGs of `folder` (names starting with "x"), sorted."""
+    return sorted(folder.glob("x*.png"))
 
 
 @pytest.fixture(scope="session")
@@ -69,19 +110,30 @@ def id_tree(tmp_path_factory) -> pathlib.Path:
     return root
 
 
+# 12 files of the generated corpus for `messy_tree`: every PNG colour type, 1- to 16-bit,
+# interlaced or not, palette and grey with tRNS, gAMA, iCCP (PngSuite's first 12 valid
+# files were all interlaced grey, RGB, palette and grey+alpha).
+MESSY_PNGS = ("g01_i1_plain_13x11.png", "g02_i0_trns_13x11.png", "g04_i1_gamma45_13x11.png",
+              "g08_i0_iccp_13x11.png", "g16_i1_plain_13x11.png", "c08_i1_trns_13x11.png",
+              "c16_i0_gamma45_13x11.png", "p01_i0_plain_3x2.png", "p04_i1_trns_13x11.png",
+              "p08_i0_idats_13x11.png", "a08_i1_srgb_13x11.png", "r16_i0_ancillary_13x11.png")
+
+
 @pytest.fixture(scope="session")
-def messy_tree(tmp_path_factory, pngsuite) -> pathlib.Path:
+def messy_tree(tmp_path_factory) -> pathlib.Path:
     """Nested folders, odd names, .PNG/.Jpg extensions, mixed colour types,
     an empty class, hidden entries and non-image files."""
+    from dali_loader.testing.png_corpus import valid_corpus
+
     root = tmp_path_factory.mktemp("messy")
     rng = np.random.default_rng(1)
-    valid = sorted(p for p in pngsuite.glob("*.png") if not p.name.startswith("x"))
+    corpus = valid_corpus()
     (root / "b class").mkdir()
-    for k, src in enumerate(valid[:12]):
+    for k, name in enumerate(MESSY_PNGS):
         sub = root / "b class" / ("deep/er" if k % 3 == 0 else "")
         sub.mkdir(parents=True, exist_ok=True)
-        name = src.stem + (".PNG" if k % 4 == 0 else ".png")
-        shutil.copy(src, sub / name)
+        stem = name.removesuffix(".png")
+        (sub / (stem + (".PNG" if k % 4 == 0 else ".png"))).write_bytes(corpus[name])
     save(root / "a_cls" / "ünï cödé name.png", _photo(rng, 50, 70))
     save(root / "a_cls" / "with space.Jpg", _photo(rng, 64, 48), "JPEG")
     save(root / "a_cls" / "x.bmp", _photo(rng, 33, 41), "BMP")

@@ -71,18 +71,66 @@ def choose_cuda_simulator() -> None:
             os.environ["NUMBA_ENABLE_CUDASIM"] = before
 
 
-def fast_simulator():
-    """A generator for a module fixture: skips unless numba.cuda is the simulator, and
-    shortens the GIL switch interval meanwhile (the simulator's block manager polls its
-    threads under the GIL: each syncthreads then costs microseconds, not milliseconds)."""
+def _locked_shared_array(lock):
+    """numba-cuda's `FakeCUDAShared.array` (simulator/kernelapi.py) under `lock`.
+
+    The simulator runs a block's threads as Python threads, and the first of them to reach
+    `cuda.shared.array(...)` at a given line allocates the block's array in a dict keyed by
+    (file, line); unlocked, two threads can both miss, and each gets its own "shared"
+    array (issue 30: 4 wrong Adler-32 sums in 400 launches with 2 busy threads; 0 with a
+    lock). The body is numba-cuda's own, with the caller found from this frame."""
     import sys
+    import traceback
+
+    import numpy as np
+    from numba.core import types
+    from numba.np import numpy_support
+
+    def array(self, shape, dtype, alignment=None):
+        if alignment is not None:
+            raise RuntimeError("Array alignment is not supported in cudasim")
+        if isinstance(dtype, types.Type):
+            dtype = numpy_support.as_dtype(dtype)
+        if shape == 0:
+            count = self._dynshared_size // dtype.itemsize
+            return np.frombuffer(self._dynshared.data, dtype=dtype, count=count)
+        stack = traceback.extract_stack(sys._getframe())
+        caller = stack[-2][0:2]
+        with lock:
+            res = self._allocations.get(caller)
+            if res is None:
+                res = np.empty(shape, dtype)
+                self._allocations[caller] = res
+        return res
+
+    return array
+
+
+def fast_simulator():
+    """A generator for a module fixture: fails unless numba.cuda is the simulator; makes
+    the simulator's shared arrays thread-safe (`_locked_shared_array`), and shortens the
+    GIL switch interval meanwhile (the simulator's block manager polls its threads under
+    the GIL: each syncthreads then costs microseconds, not milliseconds)."""
+    import sys
+    import threading
 
     import pytest
     from numba import cuda
 
     if not cuda.jit.__module__.startswith("numba.cuda.simulator"):
-        pytest.skip("numba.cuda was imported before NUMBA_ENABLE_CUDASIM=1 could be set")
+        # A harness fault, not an optional extra: these tests would silently not run.
+        pytest.fail("numba.cuda was imported before NUMBA_ENABLE_CUDASIM=1 could be set: "
+                    "something imported numba.cuda before tests/helpers.choose_cuda_simulator "
+                    "ran (import it only through that helper).", pytrace=False)
+    from numba.cuda.simulator import kernelapi
+
+    shared = kernelapi.FakeCUDAShared
+    original = shared.__dict__["array"]
+    shared.array = _locked_shared_array(threading.Lock())
     old = sys.getswitchinterval()
     sys.setswitchinterval(1e-4)
-    yield
-    sys.setswitchinterval(old)
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(old)
+        shared.array = original

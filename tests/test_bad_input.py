@@ -32,11 +32,15 @@ def _bad_zlib_png(good: bytes) -> bytes:
 
 
 @pytest.fixture()
-def bad_tree(tmp_path, id_tree, pngsuite):
+def bad_tree(tmp_path, id_tree, pngs):
+    """id_tree with every corrupt PNG of `pngs` (generated; PngSuite's too where present)
+    and a few more bad files."""
+    from conftest import corrupt_pngs
+
     root = tmp_path / "bad"
     shutil.copytree(id_tree, root)
     bad = []
-    for p in sorted(pngsuite.glob("x*.png")):
+    for p in corrupt_pngs(pngs):
         bad.append(shutil.copy(p, root / "odd" / p.name))
     (root / "odd" / "empty.png").write_bytes(b"")
     (root / "even" / "text.png").write_text("hello, I am not a PNG")

@@ -23,6 +23,14 @@ def info(name: str, data: bytes, gen: str = "1", md5_only: bool = False) -> Obje
     return ObjectInfo(name, name, len(data), gen, crc, b64_md5(data), "bkt")
 
 
+def age(cache: DiskCache, o: ObjectInfo, i: int) -> None:
+    """Sets entry `o`'s LRU time (its mtime) to i s after a fixed point 1000 s ago: distinct,
+    ordered by `i`, and older than any touch the cache makes now (no sleeps, which a
+    file system's coarse timestamp clock can merge)."""
+    t = time.time() - 1000 + i
+    os.utime(cache.path_for("bkt", o), (t, t))
+
+
 def test_roundtrip_and_verification(tmp_path):
     cache = DiskCache(str(tmp_path), max_bytes=10**6)
     a = info("c/a.png", b"A" * 1000)
@@ -60,8 +68,9 @@ def test_lru_eviction_keeps_recently_used(tmp_path):
     objs = [info(f"o{i}", bytes([i]) * 1000) for i in range(30)]
     for i, o in enumerate(objs):
         cache.put("bkt", o, bytes([i]) * 1000)
+        if cache.contains("bkt", o):
+            age(cache, o, i)
         if i >= 1:
-            time.sleep(0.002)  # distinct mtimes
             assert cache.get("bkt", objs[0]) is not None, i  # keep touching o0: it stays
         assert cache.stats().bytes <= 10_000 + 30 * 200  # payload bound (+ small headers)
     assert cache.get("bkt", objs[0]) is not None
@@ -105,7 +114,7 @@ def test_pinned_entry_survives_eviction_and_pins_refresh_lru(tmp_path):
     objs = [info(f"p{i}", bytes([i]) * 1000) for i in range(8)]
     for i, o in enumerate(objs):
         cache.put("bkt", o, bytes([i]) * 1000)
-        time.sleep(0.002)
+        age(cache, o, i)
     pinned, offset = cache.pin("bkt", objs[0])  # the oldest entry, now held by a reader
     assert cache.pin("bkt", info("never", b"n")) is None  # not cached: no pin
     cache.evict(0)  # another writer makes room: every entry goes
@@ -119,7 +128,7 @@ def test_pinned_entry_survives_eviction_and_pins_refresh_lru(tmp_path):
 
     for i, o in enumerate(objs):  # a pin is a hit: it refreshes the LRU order
         cache.put("bkt", o, bytes([i]) * 1000)
-        time.sleep(0.002)
+        age(cache, o, i)
     cache.unpin(cache.pin("bkt", objs[0])[0])
     cache.evict(4_500)
     assert cache.get("bkt", objs[0]) is not None  # pinned last: kept

@@ -102,25 +102,37 @@ def test_object_that_keeps_failing_is_a_read_error_not_a_bad_image(id_tree, gcs,
 
 
 def test_kill9_during_prefetch_then_epoch_is_bit_identical(photo_tree, gcs, tmp_path):
+    """SIGKILL the prefetch part-way (some objects cached, not all), then an epoch over
+    the cache: Keras's pixels, the complete entries used and only the rest downloaded."""
     import os
     import signal
     import subprocess
     import sys
     import time
 
-    server = gcs(photo_tree, faults=Faults(latency=0.03))
+    def entries() -> int:
+        root = os.path.join(cache, "v1", "objects")
+        return sum(len(fs) for _, _, fs in os.walk(root)) if os.path.isdir(root) else 0
+
+    # 100 ms per request, 2 in flight: the 15 objects left after the 6th take 0.75 s or more.
+    server = gcs(photo_tree, faults=Faults(latency=0.1))
     cache = str(tmp_path / "cache")
     proc = subprocess.Popen(
         [sys.executable, "-m", "dali_loader.tools.cli", "prefetch", "gs://b", "--cache-dir", cache,
          "--max-in-flight", "2", "--no-progress"],
         env=dict(os.environ), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 60
-    while sum(server.media_counts.values()) < 6 and time.monotonic() < deadline:
+    while sum(dict(server.media_counts).values()) < 6 and time.monotonic() < deadline:
         time.sleep(0.01)
     os.kill(proc.pid, signal.SIGKILL)
     assert proc.wait(timeout=30) == -signal.SIGKILL
+    fetched, cached = sum(dict(server.media_counts).values()), entries()
+    assert fetched >= 6, "the prefetch never started downloading"
+    assert cached < 21, "the prefetch had finished before the kill: nothing part-way to check"
+    server.reset_counts()
     kw = dict(image_size=(40, 56), batch_size=4, shuffle=False, verbose=False)
     lx, ly = arrays(ours(str(photo_tree), **kw))
     rx, ry = arrays(ours("gs://b", cache_dir=cache, **kw))
     np.testing.assert_array_equal(rx, lx)
     np.testing.assert_array_equal(ry, ly)
+    assert server.counts["media"] == 21 - cached  # every complete entry used, none trusted half-written

@@ -29,16 +29,22 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 CHANNELS = {"rgb": 3, "grayscale": 1, "rgba": 4}
 PATHS = {"cpu": {}, "dali": {"decoder": "dali"}}
 SIZE = (16, 16)
+# Generated stand-ins (dali_loader.testing.png_corpus, the `pngs` fixture) for the PngSuite
+# files these tests used: 8-bit RGB, grey and RGBA, 13x11, no ancillary chunks.
+RGB8, GREY8, RGBA8 = "c08_i0_plain_13x11.png", "g08_i0_plain_13x11.png", "r08_i0_plain_13x11.png"
 
 
 @pytest.fixture(scope="module")
-def mutants(pngsuite, tmp_path_factory) -> pathlib.Path:
-    """160 seeded mutants of PngSuite's basic and tRNS files (every mutation kind),
-    and one PNG whose header claims 2**37 pixels."""
+def mutants(tmp_path_factory) -> pathlib.Path:
+    """160 seeded mutants of the generated corpus's plain and tRNS files at 13x11 (every
+    colour type and depth, interlaced or not; every mutation kind), and one PNG whose
+    header claims 2**37 pixels."""
+    from dali_loader.testing.png_corpus import valid_corpus
+
     root = tmp_path_factory.mktemp("mutants")
     (root / "a").mkdir()
-    sources = [p.read_bytes() for p in sorted(pngsuite.glob("bas*.png"))]
-    sources += [p.read_bytes() for p in sorted(pngsuite.glob("tbb*.png"))]
+    sources = [d for n, d in sorted(valid_corpus().items())
+               if n.endswith(("_plain_13x11.png", "_trns_13x11.png"))]
     for name, data in corpus(sources, 160, seed=0):
         (root / "a" / name).write_bytes(data)
     (root / "a" / "zz_bomb.png").write_bytes(huge_header_png(1 << 20, 1 << 17))
@@ -113,12 +119,14 @@ def test_big_png_route_delivers_what_tf_decodes(mutants, mode, png_decoder, monk
 
 
 @pytest.fixture(scope="module")
-def many_mutants(pngsuite, tmp_path_factory) -> pathlib.Path:
-    """300 seeded mutants of every valid PngSuite file (every chunk kind)."""
+def many_mutants(pngs, tmp_path_factory) -> pathlib.Path:
+    """300 seeded mutants of every valid file of `pngs` (the generated corpus, and
+    PngSuite's where present: every chunk kind)."""
+    from conftest import valid_pngs
+
     root = tmp_path_factory.mktemp("many")
     (root / "a").mkdir()
-    sources = [p.read_bytes() for p in sorted(pngsuite.glob("*.png"))
-               if not p.name.startswith("x")]
+    sources = [p.read_bytes() for p in valid_pngs(pngs)]
     for name, data in corpus(sources, 300, seed=0):
         (root / "a" / name).write_bytes(data)
     return root
@@ -138,10 +146,10 @@ def test_dali_path_delivers_what_tf_decodes_on_many_mutants(many_mutants, mode):
 
 
 @pytest.fixture()
-def bomb_tree(tmp_path, pngsuite) -> pathlib.Path:
+def bomb_tree(tmp_path, pngs) -> pathlib.Path:
     (tmp_path / "a").mkdir()
-    for p in sorted(pngsuite.glob("basn2c08.png")) + sorted(pngsuite.glob("basn0g08.png")):
-        shutil.copy(p, tmp_path / "a" / p.name)
+    for name in (RGB8, GREY8):
+        shutil.copy(pngs / name, tmp_path / "a" / name)
     (tmp_path / "a" / "zz_bomb.png").write_bytes(huge_header_png(30000, 40000))
     return tmp_path
 
@@ -169,11 +177,11 @@ def test_huge_header_is_refused_naming_the_file(bomb_tree, tmp_path, path):
 
 
 @pytest.mark.parametrize("path", ["cpu", "dali", "ready"])
-def test_non_utf8_name_is_read(tmp_path, pngsuite, path):
+def test_non_utf8_name_is_read(tmp_path, pngs, path):
     """A name that is not UTF-8 is read like any other on every path (the CPU
     default used to crash mid-epoch encoding it)."""
     (tmp_path / "a").mkdir()
-    good = (pngsuite / "basn2c08.png").read_bytes()
+    good = (pngs / RGB8).read_bytes()
     odd = os.fsdecode(b"caf\xe9.png")
     (tmp_path / "a" / odd).write_bytes(good)
     (tmp_path / "a" / "plain.png").write_bytes(good)
@@ -189,9 +197,9 @@ def test_non_utf8_name_is_read(tmp_path, pngsuite, path):
 
 
 @pytest.mark.parametrize("path", ["cpu", "dali"])
-def test_dangling_symlink_named_as_such(tmp_path, pngsuite, path):
+def test_dangling_symlink_named_as_such(tmp_path, pngs, path):
     (tmp_path / "a").mkdir()
-    shutil.copy(pngsuite / "basn2c08.png", tmp_path / "a" / "good.png")
+    shutil.copy(pngs / RGB8, tmp_path / "a" / "good.png")
     os.symlink(tmp_path / "gone" / "target.png", tmp_path / "a" / "link.png")
     ds = ours(str(tmp_path), image_size=SIZE, shuffle=False, on_error="skip", **PATHS[path])
     assert len(_epoch(ds)) == 1
@@ -238,7 +246,7 @@ def _run_as_nobody(root: str, cache: str, tag: str, tmp: str) -> tuple[list[str]
 
 @pytest.mark.skipif(not hasattr(os, "setuid") or os.geteuid() != 0,
                     reason="runs the reader as another user (needs root to switch)")
-def test_read_only_cache_as_another_user(pngsuite):
+def test_read_only_cache_as_another_user(pngs):
     """A complete GPU-ready cache the user cannot write (a read-only image of it)
     is used without its lock: nothing decoded, one log line. A cache folder the
     user cannot write at all: uncached reads and one warning, not an OSError."""
@@ -249,8 +257,8 @@ def test_read_only_cache_as_another_user(pngsuite):
         os.chmod(tmp, 0o777)
         root, cache = os.path.join(base, "data"), os.path.join(base, "cache")
         os.makedirs(os.path.join(root, "a"))
-        for name in ("basn2c08.png", "basn0g08.png", "basn6a08.png"):
-            shutil.copy(pngsuite / name, os.path.join(root, "a", name))
+        for name in (RGB8, GREY8, RGBA8):
+            shutil.copy(pngs / name, os.path.join(root, "a", name))
         for kw in ({}, {"decoder": "dali"}):  # filled by its owner: a complete cache
             ds = ours(root, image_size=SIZE, batch_size=2, gpu_ready=True, cache_dir=cache,
                       verbose=False, **kw)
@@ -409,7 +417,7 @@ for path, reason in sorted(ds._dali_loader.skipped.items()):
 
 
 @pytest.mark.slow
-def test_files_dalis_decoder_cannot_parse_never_reach_it(tmp_path, pngsuite):
+def test_files_dalis_decoder_cannot_parse_never_reach_it(tmp_path, pngs):
     """DALI 2.4's decoder segfaults when a sample of a batch of 32 or more fails its
     header parse or allocation (`checks.decoder_header_problem`): one corrupt JPEG,
     one corrupt BMP and a 16-bit PNG claiming 32x(2**31-1) pixels (with
@@ -423,7 +431,7 @@ def test_files_dalis_decoder_cannot_parse_never_reach_it(tmp_path, pngsuite):
 
     root = tmp_path / "data" / "a"
     root.mkdir(parents=True)
-    good = [pngsuite / "basn2c08.png", pngsuite / "basn6a08.png"]
+    good = [pngs / RGB8, pngs / RGBA8]
     for i in range(63):
         shutil.copy(good[i % 2], root / f"img_{i:03d}.png")
     rng = np.random.default_rng(0)

@@ -99,6 +99,40 @@ def test_two_shuffled_epochs_every_file_once_with_its_label(mixed_tree):
         == [(23, 1), (23, 1)]
 
 
+def test_two_iterators_at_once_each_get_every_file_once(mixed_tree):
+    """Two epochs read at once from two threads: two DALI pipelines call the decoder at
+    the same time. The simulator runs one kernel launch at a time per process (it swaps
+    the kernel's globals for its fake `cuda` module), so the stage serialises its launches
+    there; each epoch still gets every file once, with Keras's pixels and labels."""
+    import threading
+
+    ref_x, ref_y = _keras(mixed_tree)
+    ds = ours(str(mixed_tree), decoder="dali", png_decoder="gpu", shuffle=True, seed=4, **KW)
+    results: list = [None, None]
+    errors: list = []
+    start = threading.Barrier(2)
+
+    def run(k: int) -> None:
+        try:
+            start.wait()
+            results[k] = _epoch(ds)
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert not any(t.is_alive() for t in threads) and not errors, errors
+    for x, y in results:
+        which, dist = _match(x, ref_x)
+        assert dist.max() < 0.01 and sorted(which) == list(range(len(ref_x)))
+        np.testing.assert_array_equal(y, ref_y[which])
+    assert sorted((s["gpu_png_decodes"], s["cpu_decodes"])
+                  for s in ds._dali_loader.epoch_stats) == [(23, 1), (23, 1)]
+
+
 def test_corrupt_png_named_under_raise(corrupt_tree):
     ds = ours(str(corrupt_tree), decoder="dali", png_decoder="gpu", shuffle=False, **KW)
     with pytest.raises(Exception, match="scrambled.png"):

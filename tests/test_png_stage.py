@@ -23,14 +23,20 @@ from tf_adapter import image_dataset_from_directory as ours
 
 pytestmark = pytest.mark.skipif(not png_cpu.available(), reason="pywuffs is not installed")
 
-# PngSuite files of every kind: grey/palette low depths, 16-bit, interlaced, alpha,
-# tRNS colour keys and a gamma file (the last two partly go to TF's decoder).
-SUITE = ("basn0g01.png", "basn0g16.png", "basn2c16.png", "basn3p04.png", "basi2c08.png",
-         "basn4a08.png", "basn6a16.png", "tbrn2c08.png", "tbbn3p08.png", "g03n2c08.png")
+# Generated PNGs (dali_loader.testing.png_corpus) of every kind: grey/palette low depths,
+# 16-bit, interlaced, alpha, tRNS colour keys and a gamma file (the last two partly go to
+# TF's decoder). They stand in for PngSuite's basn0g01, basn0g16, basn2c16, basn3p04,
+# basi2c08, basn4a08, basn6a16, tbrn2c08, tbbn3p08 and g03n2c08. The corpus's variants of
+# one colour type, depth and size share their pixels, so each file here is the only one of
+# its (type, depth, size): the test tells files apart by their pixels.
+SUITE = ("g01_i0_plain_13x11.png", "g16_i0_plain_13x11.png", "c16_i0_plain_13x11.png",
+         "p04_i0_plain_13x11.png", "c08_i1_plain_3x2.png", "a08_i0_plain_13x11.png",
+         "r16_i0_plain_13x11.png", "c08_i0_trns_13x11.png", "p08_i0_trns_13x11.png",
+         "r08_i0_gamma45_13x11.png")
 SIZE = (17, 23)
 
 
-def _make_trees(tmp_path_factory, pngsuite, jpeg: bool):
+def _make_trees(tmp_path_factory, pngs, jpeg: bool):
     """(mixed, clean): PNGs of every kind (and a JPEG: Keras decodes none in rgba),
     with corrupt PNGs; and the same tree without them (what Keras can load)."""
     clean = tmp_path_factory.mktemp("clean")
@@ -44,7 +50,7 @@ def _make_trees(tmp_path_factory, pngsuite, jpeg: bool):
         save(clean / "a" / "j.jpg", _photo(rng, 32, 36), "JPEG")
     (clean / "b").mkdir()
     for name in SUITE:
-        shutil.copy(pngsuite / name, clean / "b" / name)
+        shutil.copy(pngs / name, clean / "b" / name)
     mixed = tmp_path_factory.mktemp("mixed")
     shutil.copytree(clean, mixed, dirs_exist_ok=True)
     good = (clean / "a" / "photo_0.png").read_bytes()
@@ -65,13 +71,13 @@ def _make_trees(tmp_path_factory, pngsuite, jpeg: bool):
 
 
 @pytest.fixture(scope="module")
-def trees(tmp_path_factory, pngsuite):
-    return _make_trees(tmp_path_factory, pngsuite, jpeg=True)
+def trees(tmp_path_factory, pngs):
+    return _make_trees(tmp_path_factory, pngs, jpeg=True)
 
 
 @pytest.fixture(scope="module")
-def png_trees(tmp_path_factory, pngsuite):
-    return _make_trees(tmp_path_factory, pngsuite, jpeg=False)
+def png_trees(tmp_path_factory, pngs):
+    return _make_trees(tmp_path_factory, pngs, jpeg=False)
 
 
 def _reference(clean, color_mode):

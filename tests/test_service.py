@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pathlib
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -25,7 +26,7 @@ keras = pytest.importorskip("keras")
 
 from dali_loader.api import open_index  # noqa: E402
 from dali_loader.decode.spec import ImageSpec  # noqa: E402
-from dali_loader.testing.cluster import free_ports, run_processes  # noqa: E402
+from dali_loader.testing.cluster import run_processes  # noqa: E402
 from dali_loader.testing.service_cluster import LoopbackService  # noqa: E402
 from dali_loader.tfdata.graph_dataset import graph_dataset  # noqa: E402
 from tf_adapter import image_dataset_from_directory  # noqa: E402
@@ -113,16 +114,25 @@ def test_service_address_is_checked_up_front(id_tree, bad):
         image_dataset_from_directory(id_tree, service=bad)
 
 
-def test_unreachable_dispatcher_is_a_clear_error_in_seconds(id_tree):
-    port = free_ports(1)[0]
+@pytest.fixture
+def dead_port():
+    """A loopback port held (bound, not listening) for the whole test: connections to it
+    are refused, and no other process can start listening on it meanwhile."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        yield s.getsockname()[1]
+
+
+def test_unreachable_dispatcher_is_a_clear_error_in_seconds(id_tree, dead_port):
+    port = dead_port
     start = time.monotonic()
     with pytest.raises(ConnectionError, match=rf"dispatcher at 127.0.0.1:{port}.*serve dispatcher"):
         image_dataset_from_directory(id_tree, service=f"grpc://127.0.0.1:{port}", verbose=False)
     assert time.monotonic() - start < 30
 
 
-def test_worker_without_dispatcher_exits_2_with_one_line():
-    port = free_ports(1)[0]
+def test_worker_without_dispatcher_exits_2_with_one_line(dead_port):
+    port = dead_port
     out = subprocess.run(
         [sys.executable, "-m", "dali_loader.tools.cli", "serve", "worker", "--dispatcher",
          f"127.0.0.1:{port}", "--connect-timeout", "1"],
@@ -225,9 +235,12 @@ def test_bad_file_skip_leaves_it_out_and_counts_it(service, bad_tree):
     assert list(ds.tally.skip_report.as_dict()) == [str(bad_tree / "c1" / "broken.png")]
 
 
-def test_worker_killed_mid_epoch_loses_some_files_repeats_none(service, tmp_path_factory):
+def test_worker_killed_mid_epoch_repeats_none_and_next_epoch_is_whole(service, tmp_path_factory):
     """SIGKILL a worker mid-epoch, restart it on its port: the measurement
-    docs/service.md reports (at most once in that epoch, the next epoch whole)."""
+    docs/service.md reports (at most once in that epoch, the next epoch whole). How many
+    files the kill loses is not forced (0 to 9 of 160 measured), so none is required; the
+    kill itself is checked: a SIGKILL, with most of the epoch still to come, and a new
+    worker process on the same port."""
     root = tmp_path_factory.mktemp("many")
     rng = np.random.default_rng(4)
     for i in range(160):
@@ -235,11 +248,21 @@ def test_worker_killed_mid_epoch_loses_some_files_repeats_none(service, tmp_path
     ds = image_dataset_from_directory(root, image_size=(48, 48), batch_size=8, seed=3,
                                       service=service.target, on_error="skip", num_threads=1,
                                       max_in_flight=2, verbose=False)
-    for k, _ in enumerate(ds):
+    seen_at_kill, batches = None, 0
+    for k, (x, _) in enumerate(ds):
+        batches += int(x.shape[0])
         if k == 3:
-            port = service.workers[0].port
+            seen_at_kill = batches
+            old = service.workers[0]
+            old_pids = service.worker_pids()
             service.kill_worker(0)
-            service.start_worker(0, port=port)
+            # The port is the killed worker's until its death, then reused at once: a
+            # restarted worker must keep its address (docs/service.md).
+            new = service.start_worker(0, port=old.port)
+    assert old.returncode in (-9, 128 + 9), old.returncode  # the server died of SIGKILL
+    assert new.port == old.port and new.pid != old.pid
+    assert set(service.worker_pids()) != set(old_pids)
+    assert seen_at_kill == 32  # killed with 128 of the epoch's files still to come
     for _ in ds:
         pass
     killed, after = ds.tally.epochs()
@@ -249,10 +272,19 @@ def test_worker_killed_mid_epoch_loses_some_files_repeats_none(service, tmp_path
     assert after.exactly_once and after.delivered == 160
 
 
-def test_servers_stop_by_themselves_on_sigterm(service):
+def test_servers_stop_by_themselves_on_sigterm(id_tree, tmp_path):
     """SIGTERM: each server stops (0), or, when TF's stop waits on a trainer's open
     reads past --stop-timeout (5 s), its process ends anyway (1, tracebacks in
-    its log); never our SIGKILL."""
+    its log); never our SIGKILL. A service of its own (the module's is closed by its
+    fixture, whatever order the tests run in), read by a trainer first."""
+    service = LoopbackService(2, str(tmp_path / "service"), lifetime=300).__enter__()
+    try:
+        ds = image_dataset_from_directory(id_tree, image_size=SIZE, batch_size=4, seed=1,
+                                          service=service.target, verbose=False)
+        assert len(elements(ds)) == 23
+    except BaseException:
+        service.close()
+        raise
     start = time.monotonic()
     codes = service.close()
     assert time.monotonic() - start < 25

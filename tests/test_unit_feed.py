@@ -360,9 +360,18 @@ def test_feed_close_is_idempotent_and_lets_go_of_the_source():
 
 
 def test_feed_close_without_source_or_reads():
-    feed = Feed(make_index(3), FakeReader(io=False), chunk_size=2)
+    """A feed never iterated closes (twice) without reading or starting anything, and is
+    closed after: a new epoch is refused with the message that says what to do."""
+    threads = threading.active_count()
+    reader = FakeReader(io=False)
+    feed = Feed(make_index(3), reader, chunk_size=2)
+    assert not feed.closed
     feed.close()
     feed.close()
+    assert feed.closed
+    assert reader.calls == [] and threading.active_count() == threads
+    with pytest.raises(RuntimeError, match="was closed; create a new one"):
+        iter(feed)
 
 
 @pytest.mark.parametrize("failure", ["bad", "boom"])

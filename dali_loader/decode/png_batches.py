@@ -17,6 +17,8 @@ pixels. Off by default: docs/png_gpu.md, "Into the pipeline".
 
 from __future__ import annotations
 
+import threading
+
 from dali_loader.decode.png_gpu import Fallback, Launch, ZlibInflate, decode_pngs
 from dali_loader.decode.png_gpu.cpu_fallback import finish
 from dali_loader.decode.png_gpu.decoder import simulated
@@ -27,6 +29,10 @@ from dali_loader.lazy import import_cupy, import_numba_cuda
 # Each simulated CUDA thread is a Python thread: small launches on the CPU.
 SIMULATOR_LAUNCH = Launch(adler_threads=16, unfilter_threads=8, expand_threads=1,
                           expand_blocks=1)
+# numba-cuda's simulator runs one kernel launch at a time per process (a launch swaps the
+# kernel's module globals for its fake `cuda` module and back): two DALI pipelines (two
+# epochs at once) decoding on the CPU take turns.
+_SIMULATOR_LOCK = threading.Lock()
 
 
 
@@ -83,7 +89,8 @@ class PngBatches:
                         import_cupy().cuda.Device(self.device_id):
                     got = self._decode([items[i] for i in png])
             else:
-                got = self._decode([items[i] for i in png])
+                with _SIMULATOR_LOCK:
+                    got = self._decode([items[i] for i in png])
             for i, r in zip(png, got):
                 results[i] = r
         on_gpu = sum(not isinstance(r, Fallback) for r in results)

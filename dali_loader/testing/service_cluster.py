@@ -11,14 +11,15 @@ a crashed test kills itself when it is over (`timeout` on its command line).
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
 
-from dali_loader.testing.cluster import free_ports
 
 READY = {"dispatcher": "dispatcher serving at", "worker": "worker serving at"}
+_BOUND = re.compile(r"(?:dispatcher|worker) serving at \S*?:(\d+)")
 
 
 class LoopbackService:
@@ -35,8 +36,10 @@ class LoopbackService:
         self.lifetime = lifetime
         self.start_timeout = start_timeout
         self.env = dict(os.environ, CUDA_VISIBLE_DEVICES="", **(env or {}))
-        self.port = free_ports(1)[0]
-        self.target = f"grpc://127.0.0.1:{self.port}"
+        # Known once the dispatcher serves: it binds port 0 and logs the port it got (no
+        # port is freed here and bound later, which another process could take meanwhile).
+        self.port = 0
+        self.target = ""
         self.workers: dict[int, subprocess.Popen] = {}
         self._num = workers
         self._dispatcher: subprocess.Popen | None = None
@@ -63,20 +66,30 @@ class LoopbackService:
         raise RuntimeError(f"the {what} did not start (exit {proc.poll()}):\n{self.log_tail(proc)}")
 
     @staticmethod
+    def _bound_port(proc: subprocess.Popen) -> int:
+        """The port `proc` logged it serves on (its latest start)."""
+        with open(proc.log_path, errors="replace") as f:
+            return int(_BOUND.findall(f.read())[-1])
+
+    @staticmethod
     def log_tail(proc: subprocess.Popen, lines: int = 30) -> str:
         with open(proc.log_path, errors="replace") as f:
             return "".join(f.readlines()[-lines:])
 
     def start_worker(self, i: int, port: int | None = None) -> subprocess.Popen:
-        """Starts (or restarts) worker `i`; returns once it serves."""
-        port = port or free_ports(1)[0]
+        """Starts (or restarts) worker `i` on `port` (None: one the worker's server picks);
+        returns once it serves, with its port in `.port`."""
+        log = os.path.join(self.folder, f"worker{i}.log")
+        expected = 1
+        if os.path.exists(log):
+            with open(log, errors="replace") as f:
+                expected = f.read().count(READY["worker"]) + 1
         proc = self._spawn(f"worker{i}", ["worker", "--dispatcher", f"127.0.0.1:{self.port}",
-                                          "--host", "127.0.0.1", "--port", str(port)])
-        proc.port = port
-        with open(proc.log_path, errors="replace") as f:
-            proc.expected = f.read().count(READY["worker"]) + 1
+                                          "--host", "127.0.0.1", "--port", str(port or 0)])
+        proc.expected = expected
         self.workers[i] = proc
         self._wait_ready(proc, "worker")
+        proc.port = self._bound_port(proc)
         return proc
 
     def worker_pids(self) -> list[int]:
@@ -91,8 +104,10 @@ class LoopbackService:
 
     def __enter__(self) -> LoopbackService:
         try:
-            self._dispatcher = self._spawn("dispatcher", ["dispatcher", "--port", str(self.port)])
+            self._dispatcher = self._spawn("dispatcher", ["dispatcher", "--port", "0"])
             self._wait_ready(self._dispatcher, "dispatcher")
+            self.port = self._bound_port(self._dispatcher)
+            self.target = f"grpc://127.0.0.1:{self.port}"
             for i in range(self._num):
                 self.start_worker(i)
         except BaseException:

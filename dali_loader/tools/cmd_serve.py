@@ -149,10 +149,11 @@ def run_dispatcher(args: argparse.Namespace) -> int:
         os.makedirs(args.work_dir, exist_ok=True)
     server = svc.DispatchServer(svc.DispatcherConfig(
         port=args.port, work_dir=args.work_dir, fault_tolerant_mode=bool(args.work_dir)))
+    bound = int(server.target.rpartition(":")[2])  # the port it listens on (--port 0: chosen)
     logger.info("dispatcher serving at grpc://%s:%d (work dir: %s); trainers pass "
                 "service=\"grpc://<this host>:%d\"; stop with SIGTERM",
-                socket.gethostname(), args.port, args.work_dir or "none, not fault tolerant",
-                args.port)
+                socket.gethostname(), bound, args.work_dir or "none, not fault tolerant",
+                bound)
     name = signals.wait()
     logger.info("%s: stopping the dispatcher (at most %g s)", name, args.stop_timeout)
     _stop(server, "dispatcher", args.stop_timeout)
