@@ -23,7 +23,9 @@ import functools
 import itertools
 import os
 import struct
+import threading
 import zlib
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
@@ -50,9 +52,11 @@ from dali_loader.decode.tf_kernels import (
     decode_like_keras,
     pixels_like_keras,
     read_item,
+    resize_problem,
     resize_ready_batch,
 )
-from dali_loader.errors import CorruptImageError
+from dali_loader.errors import CorruptImageError, UnresizableImageError
+from dali_loader.exiting import stoppable
 from dali_loader.feed.checks import DEFAULT_MAX_PIXELS, size_problem
 from dali_loader.feed.epochs import Feed
 from dali_loader.feed.items import (
@@ -360,6 +364,7 @@ class _TFKernelEpochs:
         self.which = which
         self.reads = _Reads.of(feed.items)
         self.registry = AuditRegistry()
+        self.generators = _Generators(self.epoch)
         labels = feed.index.labels
         self.labels = None if labels is None else np.asarray(labels, np.int32)
         # Small chunks first, so that decoding starts on an epoch's first files;
@@ -375,9 +380,12 @@ class _TFKernelEpochs:
         except Exception as e:  # noqa: BLE001 - an UnreadableFileError or a bug: both reported
             return e
         try:
-            pixels_like_keras(data, path, self.spec.channels, tf)
+            pixels = pixels_like_keras(data, path, self.spec.channels, tf)
         except CorruptImageError as e:
             return e
+        problem = resize_problem(pixels, self.spec, tf)
+        if problem:  # it decodes, but Keras's resize of it fails (a zero dimension)
+            return UnresizableImageError(path, problem)
         return RuntimeError(
             f"{path} dropped out of TensorFlow's decode, but reads and decodes now. "
             "It was not trained on in this epoch; please report this with the storage used."
@@ -422,10 +430,10 @@ class _TFKernelEpochs:
             else:  # abandoned: stop its reads, release what it holds
                 registry.close(token)
 
-    def check(self, keys: np.ndarray) -> tuple[np.ndarray, np.bool_]:
+    def check(self, keys: np.ndarray) -> tuple[np.ndarray, np.int64]:
         """One batch's keys (the survivors of the decode, in order): audits them
-        against what the iteration emitted; returns their labels and whether the
-        last one is the end marker."""
+        against what the iteration emitted; returns the labels of its files and
+        their count (the batch's size, less the end marker if it is last)."""
         token, slots = np.divmod(keys, KEY_STRIDE)
         end = bool(slots[-1] == MARKER)
         positions = slots.tolist()
@@ -433,14 +441,101 @@ class _TFKernelEpochs:
             positions[-1] = END
             slots = slots[:-1]
         self.registry.check(int(token[0]), positions)
-        labels = (np.zeros(len(keys), np.int32) if self.labels is None
-                  else np.append(self.labels[slots], np.int32(0)) if end else self.labels[slots])
-        return labels, np.bool_(end)
+        labels = (np.zeros(len(slots), np.int32) if self.labels is None
+                  else self.labels[slots])
+        return labels, np.int64(len(slots))
 
 
-def _no_check(keys: np.ndarray) -> tuple[np.ndarray, np.bool_]:
+def _no_check(keys: np.ndarray) -> tuple[np.ndarray, np.int64]:
     """The audit's stand-in once the dataset is gone (nothing left to check)."""
-    return np.zeros(len(keys), np.int32), np.bool_(False)
+    return np.zeros(len(keys), np.int32), np.int64(len(keys))
+
+
+def _strings(values) -> np.ndarray:
+    """A list of bytes as an object array: TF's string tensor, each value whole
+    (a fixed-width `S` array would drop trailing NUL bytes)."""
+    out = np.empty(len(values), object)
+    out[:] = values
+    return out
+
+
+class _Generators:
+    """One Python generator per TF iterator, opened, stepped and closed by TF's
+    `GeneratorDataset` op (`_per_iterator_dataset`)."""
+
+    def __init__(self, make: Callable[[], Iterator[tuple]]):
+        self._make = make
+        self._ids = itertools.count()
+        self._open: dict[int, Iterator[tuple]] = {}
+        self._lock = threading.Lock()
+
+    def open(self) -> np.int64:
+        gen = stoppable(iter(self._make()))
+        with self._lock:
+            gid = next(self._ids)
+            self._open[gid] = gen
+        return np.int64(gid)
+
+    def next(self, gid: np.int64) -> tuple:
+        gen = self._open.get(int(gid))
+        if gen is None:  # closed (at exit): the iteration ends
+            raise StopIteration
+        return tuple(_strings(v) if isinstance(v, list) else v for v in next(gen))
+
+    def close(self, gid: np.int64) -> np.int64:
+        with self._lock:
+            gen = self._open.pop(int(gid), None)
+        if gen is not None:
+            gen.close()
+        return np.int64(0)
+
+
+def _end(*_) -> tuple:
+    raise StopIteration
+
+
+def _per_iterator_dataset(tf, generators: _Generators, signature: tuple):
+    """A dataset whose every iterator runs its own `generators` generator.
+
+    `from_generator` does the same through a `flat_map` and a per-element
+    wrapper that checks and converts each value; this drives TF's
+    `GeneratorDataset` op directly (one `numpy_function` to open, one per
+    element, one to close, also when an iterator is abandoned): about half of
+    the CPU default's fixed cost per iteration (docs/benchmarks.md, issue 29).
+    Falls back to `from_generator` where the op's Python class is gone."""
+    types = tuple(s.dtype for s in signature)
+    open_ = _weakly(generators, "open", lambda: np.int64(-1))
+    step = _weakly(generators, "next", _end)
+    close = _weakly(generators, "close", lambda gid: np.int64(0))
+    try:
+        from tensorflow.python.data.ops.from_generator_op import _GeneratorDataset
+    except ImportError:  # pragma: no cover - a future TF
+        def gen():
+            gid = open_()
+            try:
+                while True:
+                    yield step(gid)
+            except StopIteration:
+                return
+            finally:
+                close(gid)
+        return tf.data.Dataset.from_generator(gen, output_signature=signature)
+    plain = tf.autograph.experimental.do_not_convert
+
+    def init(_):
+        return tf.numpy_function(open_, [], tf.int64, stateful=True)
+
+    def next_(gid):
+        out = tf.numpy_function(step, [gid], types, stateful=True)
+        for t, s in zip(out, signature):
+            t.set_shape(s.shape)
+        return tuple(out)
+
+    def finalize(gid):
+        return tf.numpy_function(close, [gid], tf.int64, stateful=True)
+
+    return _GeneratorDataset(tf.constant(0, tf.int64), plain(init), plain(next_),
+                             plain(finalize), output_signature=signature)
 
 
 def _tf_kernel_dataset(tf, feed: Feed, spec: ImageSpec, batch_size: int | None,
@@ -450,9 +545,8 @@ def _tf_kernel_dataset(tf, feed: Feed, spec: ImageSpec, batch_size: int | None,
     files = (tf.TensorSpec((None,), tf.string),)
     if epochs.reads is _Reads.PINNED_OR_BYTES:
         files += (vec,)
-    # TF calls the generator once per iterator: one independent epoch each.
-    ds = tf.data.Dataset.from_generator(_weakly(epochs, "epoch", lambda: iter(())),
-                                        output_signature=(*files, vec))
+    # One generator per iterator: one independent epoch each.
+    ds = _per_iterator_dataset(tf, epochs.generators, (*files, vec))
     ds._dali_epochs = epochs  # held by every dataset and iterator derived from it
     if epochs.reads is _Reads.PINNED_OR_BYTES:
         def decode(data, offset, key):
@@ -478,11 +572,10 @@ def _tf_kernel_dataset(tf, feed: Feed, spec: ImageSpec, batch_size: int | None,
     check = _weakly(epochs, "check", _no_check)
 
     def audit(x, keys):
-        y, end = tf.numpy_function(check, [keys], (tf.int32, tf.bool))
+        y, n = tf.numpy_function(check, [keys], (tf.int32, tf.int64))
         y.set_shape((None,))
-        end.set_shape(())
-        return tf.cond(  # drop the marker; no copy for the other batches
-            end, lambda: (x[:-1], y[:-1]), lambda: (tf.identity(x), y))
+        n.set_shape(())
+        return x[:n], y  # the marker dropped; the whole batch is not copied (TF's identity slice)
 
     ds = ds.batch(batch_size or 32).map(plain(audit)).filter(
         plain(lambda x, y: tf.shape(x)[0] > 0))
