@@ -253,22 +253,21 @@ def to_tf_dataset(loader: DaliBatches | Feed, spec: ImageSpec, batch_size: int |
                                          num_classes, num_threads, handoff)
         return ds
     audits = None
+    labelled = functools.partial(_keras_labels, tf, label_mode, num_classes)
     if isinstance(loader, DaliBatches):
         ds = _dali_dataset(tf, loader, spec, batch_size, which)
         feed = loader.feed
     elif isinstance(loader.items, (ReadyPinned, PixelItems)):
         ds = _ready_dataset(tf, loader, spec, batch_size, num_threads, which)
         feed = loader
-    else:
-        ds, audits = _tf_kernel_dataset(tf, loader, spec, batch_size, num_threads, which)
+    else:  # Keras's labels made in the audit's own map: one function fewer per iterator
+        ds, audits = _tf_kernel_dataset(tf, loader, spec, batch_size, num_threads, which,
+                                        labelled)
         feed = loader
-    plain = tf.autograph.experimental.do_not_convert  # see _tf_kernel_dataset
-    if label_mode is None:
-        ds = ds.map(plain(lambda x, y: x))
-    elif label_mode == "categorical":
-        ds = ds.map(plain(lambda x, y: (x, tf.one_hot(y, num_classes))))
-    elif label_mode == "binary":
-        ds = ds.map(plain(lambda x, y: (x, tf.expand_dims(tf.cast(y, "float32"), -1))))
+        labelled = None
+    if labelled is not None and label_mode != "int":
+        plain = tf.autograph.experimental.do_not_convert  # see _tf_kernel_dataset
+        ds = ds.map(plain(labelled))
     size = _cardinality(feed, batch_size, epoch, start_step)
     if size is not None:
         ds = ds.apply(tf.data.experimental.assert_cardinality(size))
@@ -281,6 +280,17 @@ def to_tf_dataset(loader: DaliBatches | Feed, spec: ImageSpec, batch_size: int |
     ds.resume_at = functools.partial(_resume_at, loader, spec, batch_size, label_mode,
                                      num_classes, num_threads, handoff)
     return ds
+
+
+def _keras_labels(tf, label_mode: str | None, num_classes: int, x, y):
+    """`(x, y)` with int labels `y` as Keras's `label_mode` gives them (x alone for None)."""
+    if label_mode is None:
+        return x
+    if label_mode == "categorical":
+        return x, tf.one_hot(y, num_classes)
+    if label_mode == "binary":
+        return x, tf.expand_dims(tf.cast(y, "float32"), -1)
+    return x, y
 
 
 def _cardinality(feed: Feed, batch_size: int | None, epoch: int | None,
@@ -539,7 +549,14 @@ def _per_iterator_dataset(tf, generators: _Generators, signature: tuple):
 
 
 def _tf_kernel_dataset(tf, feed: Feed, spec: ImageSpec, batch_size: int | None,
-                       num_threads: int | None, which: tuple[int | None, int]):
+                       num_threads: int | None, which: tuple[int | None, int],
+                       labelled: Callable = lambda x, y: (x, y)):
+    """The TF path over files: `labelled(x, y)` makes each batch's labels Keras's.
+
+    Each function in the pipeline is instantiated again for every iterator (about
+    3 ms each here), so the audit, the marker's drop and the labels share one map,
+    and an empty batch (the marker alone) is absorbed by `rebatch` (no function;
+    full batches pass through without a copy) instead of a `filter`."""
     epochs = _TFKernelEpochs(tf, feed, spec, which)
     vec = tf.TensorSpec((None,), tf.int64)
     files = (tf.TensorSpec((None,), tf.string),)
@@ -575,10 +592,11 @@ def _tf_kernel_dataset(tf, feed: Feed, spec: ImageSpec, batch_size: int | None,
         y, n = tf.numpy_function(check, [keys], (tf.int32, tf.int64))
         y.set_shape((None,))
         n.set_shape(())
-        return x[:n], y  # the marker dropped; the whole batch is not copied (TF's identity slice)
+        # The marker dropped; the whole batch is not copied (TF's identity slice).
+        return labelled(x[:n], y)
 
-    ds = ds.batch(batch_size or 32).map(plain(audit)).filter(
-        plain(lambda x, y: tf.shape(x)[0] > 0))
+    batch = batch_size or 32
+    ds = ds.batch(batch).map(plain(audit)).rebatch(batch)
     return (ds.unbatch() if batch_size is None else ds), epochs.registry
 
 
