@@ -20,6 +20,12 @@ the time to the first batch of a fresh iterator (`next(iter(ds))`), best of the 
     .venv/bin/python benchmarks/bench_vs_keras.py --format png --sizes 512 --fuse --epochs 3
 
 `--code DIR` times another checkout's loader (a "before" build) with this script.
+
+`--fixed-cost` measures what every iteration costs beyond its images, on 16 tiny (32x32)
+JPEGs: the CPU time of `iter(ds)` alone and the wall time of a whole epoch, best and
+median of `--epochs` alternating rounds:
+
+    .venv/bin/python benchmarks/bench_vs_keras.py --fixed-cost --epochs 30
 """
 
 from __future__ import annotations
@@ -98,6 +104,53 @@ def run(root: str, epochs: int) -> dict:
     return {"files": n, "rate": rate, "first": first}
 
 
+def fixed_cost(root: str, rounds: int) -> dict:
+    """Per iteration, both loaders alternating: `iter()` CPU seconds, whole-epoch seconds."""
+    import keras
+
+    from tf_adapter import image_dataset_from_directory as ours
+
+    kw = dict(image_size=SIZE, batch_size=BATCH, seed=1)
+    loaders = {"keras": keras.utils.image_dataset_from_directory(root, **kw),
+               "ours": ours(root, **kw)}
+    try:  # the pure-graph dataset (tfdata/graph_dataset.py, the tf.data service's), for scale
+        from dali_loader.api import open_index
+        from dali_loader.decode.spec import ImageSpec
+        from dali_loader.tfdata.graph_dataset import graph_dataset
+
+        _, index = open_index(root, seed=1)
+        loaders["graph_dataset"] = graph_dataset(
+            index, ImageSpec(*SIZE), BATCH, "int", 4, seed=1, shuffle=True, on_error="raise",
+            max_in_flight=64, num_threads=None)
+    except ImportError:  # an older checkout
+        pass
+    for ds in loaders.values():
+        time_epoch(ds)
+    out = {k: {"iter_cpu": [], "epoch": []} for k in loaders}
+    for _ in range(rounds):
+        for k, ds in loaders.items():
+            c = time.process_time()
+            it = iter(ds)
+            out[k]["iter_cpu"].append(time.process_time() - c)
+            for _ in it:
+                pass
+            del it
+            out[k]["epoch"].append(time_epoch(ds)[0])
+    return out
+
+
+def _tiny_tree(root: str) -> str:
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for i in range(16):
+        os.makedirs(os.path.join(root, f"c{i % 4}"), exist_ok=True)
+        Image.fromarray(rng.integers(0, 255, (32, 32, 3), np.uint8)).save(
+            os.path.join(root, f"c{i % 4}", f"{i}.jpg"), quality=90)
+    return root
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sizes", type=int, nargs="+", default=[512, 2048])
@@ -108,8 +161,33 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--code", help="time the loader of another checkout (its root folder)")
     p.add_argument("--fuse", action="store_true", help="through a FUSE mount, 50 ms per open()")
     p.add_argument("--delay", type=float, default=0.05, help="--fuse: seconds per open()")
+    p.add_argument("--fixed-cost", action="store_true",
+                   help="iter() CPU and whole epochs on 16 tiny JPEGs")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
+    if a.fixed_cost and a.child:
+        with tempfile.TemporaryDirectory() as tmp:
+            print(json.dumps(fixed_cost(_tiny_tree(tmp), a.epochs)))
+        return 0
+    if a.fixed_cost:  # in a child: --code decides which loader it imports
+        env = dict(os.environ)
+        if a.code:
+            env["BENCH_VS_KERAS_CODE"] = os.path.abspath(a.code)
+        out = subprocess.run([sys.executable, __file__, "--fixed-cost", "--child",
+                              "--epochs", str(a.epochs)], env=env, capture_output=True,
+                             text=True)
+        if out.returncode:
+            sys.stderr.write(out.stderr)
+            return out.returncode
+        r = json.loads(out.stdout.strip().splitlines()[-1])
+        print(json.dumps(r), file=sys.stderr)
+        print("| loader | iter() CPU ms, best / median | epoch ms, best / median |")
+        print("|---|---:|---:|")
+        for k, v in r.items():
+            i, e = sorted(v["iter_cpu"]), sorted(v["epoch"])
+            print(f"| {k} | {i[0] * 1e3:.1f} / {i[len(i) // 2] * 1e3:.1f} "
+                  f"| {e[0] * 1e3:.1f} / {e[len(e) // 2] * 1e3:.1f} |")
+        return 0
     if a.child:
         print(json.dumps(run(a.data, a.epochs)))
         return 0

@@ -78,8 +78,12 @@ from dali_loader.tfdata.dali_plugin import Handoff, plugin_dataset, resolve_hand
 from dali_loader.tfdata.weak import weakly as _weakly
 
 TF_CHUNK = 16  # files per generator call on the TF path, reading through the feed
-TF_LOCAL_CHUNK = 256  # on a local disk, where TF reads: after a ramp from TF_FIRST_CHUNK
-TF_FIRST_CHUNK = 16
+# On a local disk, where TF reads: after a ramp from TF_FIRST_CHUNK, x4 per call. Each
+# generator call is a hop through Python on TF's threads, which a busy machine delays:
+# 512 files take 3 calls (32, 128, 352), not 6 (16, 32, 64, 128, 256, 16; issue 29).
+TF_LOCAL_CHUNK = 1024
+TF_FIRST_CHUNK = 32
+TF_CHUNK_RAMP = 2  # the ramp's shift per call: x4
 KEY_STRIDE = 1 << 40  # a TF-path element's key: its iteration's token, then its position
 MARKER = KEY_STRIDE - 1  # the end marker's position in a key
 
@@ -380,7 +384,8 @@ class _TFKernelEpochs:
         # Small chunks first, so that decoding starts on an epoch's first files;
         # then larger ones: fewer generator calls per file.
         self.sizes = list(itertools.takewhile(
-            lambda n: n < feed.chunk_size, (TF_FIRST_CHUNK << i for i in range(32))))
+            lambda n: n < feed.chunk_size,
+            (TF_FIRST_CHUNK << (TF_CHUNK_RAMP * i) for i in range(16))))
 
     def diagnose(self, path: str) -> Exception:
         """Why TF dropped `path`: read it again, decode it eagerly."""
