@@ -41,8 +41,17 @@ def slow_mount(tmp_path_factory):
         h, w = int(rng.integers(40, 90)), int(rng.integers(40, 90))
         save(src / f"class_{i % 3}" / f"img_{i:03d}.png", _photo(rng, h, w))
     mnt = tmp_path_factory.mktemp("fuse_mnt")
-    with SlowMount(str(src), str(mnt), delay=DELAY) as m:
-        yield src, mnt, m
+    mount = SlowMount(str(src), str(mnt), delay=DELAY)
+    try:
+        mount.__enter__()
+    except RuntimeError as e:  # /dev/fuse present, but mounting refused (a container)
+        if any(s in str(e) for s in ("not permitted", "Permission denied", "device not found")):
+            pytest.skip(f"FUSE mounts are refused here: {e}")
+        raise
+    try:
+        yield src, mnt, mount
+    finally:
+        mount.__exit__(None, None, None)
 
 
 def _rows(ds):
