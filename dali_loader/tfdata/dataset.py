@@ -515,8 +515,9 @@ def _per_iterator_dataset(tf, generators: _Generators, signature: tuple):
     `from_generator` does the same through a `flat_map` and a per-element
     wrapper that checks and converts each value; this drives TF's
     `GeneratorDataset` op directly (one `numpy_function` to open, one per
-    element, one to close, also when an iterator is abandoned): about half of
-    the CPU default's fixed cost per iteration (docs/benchmarks.md, issue 29).
+    element, one to close, also when an iterator is abandoned). Measured on a
+    16-file folder: an epoch's best 41.8 -> 29.3 ms, Keras's 14.5-16.7
+    (docs/benchmarks.md, issue 29).
     Falls back to `from_generator` where the op's Python class is gone."""
     types = tuple(s.dtype for s in signature)
     open_ = _weakly(generators, "open", lambda: np.int64(-1))
