@@ -133,3 +133,34 @@ def test_dali_path_delivers_every_file(shapes_tree, mode, interpolation):
         if bound is not None and not isinstance(ref[name], Exception):
             diff = np.abs(got[paths.index(path)].astype(np.float64) - ref[name]).mean()
             assert diff < bound, (name, diff)
+
+
+def _pixel_paths(tmp_path):
+    """The CPU paths whose resize runs on whole batches of pixels (no audit)."""
+    from dali_loader.decode import png_cpu
+
+    paths = {"gpu_ready": dict(gpu_ready=True, cache_dir=str(tmp_path / "cache"))}
+    if png_cpu.available():
+        paths["wuffs"] = dict(png_decoder="wuffs")
+    return paths
+
+
+@pytest.mark.parametrize("interpolation", ["bilinear", "area"])
+def test_pixel_paths_skip_or_name_the_unresizable_file(shapes_tree, tmp_path, interpolation):
+    """gpu_ready=True (and png_decoder="wuffs" before the native op): a padded 3x400 image
+    goes to on_error with TF's reason, instead of ending the epoch with TF's error."""
+    root, files = shapes_tree
+    ref = _keras_per_file(files, "pad", interpolation)
+    for name, extra in _pixel_paths(tmp_path).items():
+        opts = dict(shuffle=False, batch_size=3, **_options("pad", interpolation), **extra)
+        ds = ours(str(root), on_error="skip", **opts)
+        for _ in range(2):  # a gpu_ready dataset fills its cache in the first epoch
+            got = _epoch(ds)
+            skipped = ds._dali_loader.skipped
+            assert set(skipped) == {files["wide"], files["tall"]}, name
+            assert all("output dimensions must be positive" in r for r in skipped.values())
+            kept = [p for p in ds._dali_loader.index.paths if p not in skipped]
+            for n in ("dot", "plain"):
+                np.testing.assert_array_equal(got[kept.index(files[n])], ref[n], err_msg=name)
+        with pytest.raises(Exception, match="Cannot resize image file"):
+            _epoch(ours(str(root), on_error="raise", **opts))

@@ -660,6 +660,14 @@ class _OpenEntry:
         pass
 
 
+def _pad_to_zero(shape, spec: ImageSpec) -> bool:
+    """Whether `tf.image.resize_with_pad` of an image of `shape` (HxWxC) to the spec's
+    size scales a side to zero rows or columns (its float32 arithmetic)."""
+    h, w = np.float32(shape[0]), np.float32(shape[1])
+    ratio = max(w / np.float32(spec.width), h / np.float32(spec.height))
+    return bool(np.floor(h / ratio) < 1 or np.floor(w / ratio) < 1)
+
+
 def _ready_layout(sizes: np.ndarray) -> tuple[np.ndarray, int]:
     """Where each entry goes in a batch's buffer, and the buffer's size.
 
@@ -686,19 +694,44 @@ class _ReadyEpochs:
     batches of them, read or copied into one aligned buffer (shared with TF), with
     the images' shapes and offsets in it."""
 
-    def __init__(self, tf, feed: Feed, which: tuple[int | None, int]):
+    def __init__(self, tf, feed: Feed, which: tuple[int | None, int],
+                 spec: ImageSpec | None = None):
         self.tf = tf
         self.feed = feed
         self.which = which
+        self.spec = spec
+
+    def _unresizable(self, epoch, entries: list, positions: list) -> tuple[list, list]:
+        """The entries whose resize would fail (Keras's pad_to_aspect_ratio to a zero
+        dimension) go to the epoch's on_error (raised, or skipped and recorded),
+        named with TF's own reason: the batch's resize in the graph has no audit."""
+        if self.spec is None or not self.spec.pad_to_aspect_ratio:
+            return entries, positions
+        keep_e, keep_p = [], []
+        for entry, pos in zip(entries, positions):
+            problem = (_pad_to_zero(entry.shape, self.spec)
+                       and resize_problem(np.zeros(entry.shape, np.uint8), self.spec, self.tf))
+            if problem:
+                entry.close()
+                epoch.release([pos])
+                epoch.errors(UnresizableImageError(epoch.path(pos), problem))
+                continue
+            keep_e.append(entry)
+            keep_p.append(pos)
+        return keep_e, keep_p
 
     def epoch(self):
         epoch = self.feed.epoch(*self.which)
         try:
             while (chunk := epoch.next_chunk()) is not None:
                 entries = []
+                positions = chunk.positions
                 try:
                     for item in chunk.items:
                         entries.append(_OpenEntry(item))
+                    entries, positions = self._unresizable(epoch, entries, positions)
+                    if not entries:
+                        continue
                     shapes = np.asarray([e.shape for e in entries], np.int32)
                     sizes = np.prod(shapes, axis=1, dtype=np.int64)
                     offsets, total = _ready_layout(sizes)
@@ -708,8 +741,8 @@ class _ReadyEpochs:
                 finally:
                     for entry in entries:
                         entry.close()
-                epoch.release(chunk.positions)
-                labels = epoch.labels(chunk.positions)
+                epoch.release(positions)
+                labels = epoch.labels(positions)
                 yield flat, shapes, offsets, (np.zeros(len(shapes), np.int32) if labels is None
                                               else labels.astype(np.int32))
         finally:
@@ -723,7 +756,7 @@ def _ready_dataset(tf, feed: Feed, spec: ImageSpec, batch_size: int | None,
     cannot be decoded was the feed's `on_error`); a batch of same-size images is
     resized as one tensor (one output allocation per batch instead of one per
     image and op)."""
-    epochs = _ReadyEpochs(tf, feed, which)
+    epochs = _ReadyEpochs(tf, feed, which, spec)
     sig = (tf.TensorSpec((None,), tf.uint8), tf.TensorSpec((None, 3), tf.int32),
            tf.TensorSpec((None,), tf.int64), tf.TensorSpec((None,), tf.int32))
     # TF calls the generator once per iterator: one independent epoch each.
