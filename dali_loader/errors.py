@@ -2,7 +2,8 @@
 
 A file the loader cannot use is a `BadFileError` naming it; the `on_error`
 policy raises it or records it and leaves the file out. `CorruptImageError`
-(the bytes are not a sound image) and `UnreadableFileError` (the bytes could
+(the bytes are not a sound image), `UnresizableImageError` (it decodes, but
+Keras's resize of it fails) and `UnreadableFileError` (the bytes could
 not be read, after retries) are kept apart, so a storage problem is never
 reported as a bad image. `StorageError` is the storage itself failing before
 any file is read: an unreachable endpoint, refused credentials, a missing
@@ -43,6 +44,18 @@ class CorruptImageError(BadFileError, ValueError):
 
     def _message(self) -> str:
         return f"Cannot load image file {self.path}: {self.reason}. {_FIX}"
+
+
+class UnresizableImageError(BadFileError, ValueError):
+    """The file decodes, but Keras's resize of it to the requested size fails
+    (e.g. `pad_to_aspect_ratio` of a 3x400 image to 64x48: a zero dimension)."""
+
+    kind = "unresizable"
+
+    def _message(self) -> str:
+        return (f"Cannot resize image file {self.path}: {self.reason}. Remove or replace the "
+                "file, change image_size or the aspect-ratio option, or pass "
+                'on_error="skip" to leave such files out.')
 
 
 class UnreadableFileError(BadFileError, OSError):

@@ -139,18 +139,21 @@ def test_bench_writes_three_files(tiny_tree, tmp_path, capsys):
     md = (out / "results.md").read_text()
     assert sum(l.startswith("| ") for l in md.splitlines()) == 1 + len(names)
     assert "input wait" in md and "CPU decodes/epoch" in md and "cache / source bytes" in md
-    assert "| PNG decoder |" in md
+    assert "| decoder |" in md
+    # Named for the files present (issue 29): this folder holds PNGs only.
+    assert res["formats"] == {"PNG": res["formats"]["PNG"]}
+    assert by["seed"]["decoder"] == "libpng (PNG)" and "| seed | libpng (PNG) |" in md
     for n in names:
         assert f"| {n} |" in md
     cells = [[c.strip() for c in l.strip().strip("|").split("|")] for l in md.splitlines()
              if l.startswith("| ") and not l.startswith("| pipeline")]
     rows = {c[0]: c for c in cells}
-    assert rows["tuned"][1] == rows["seed"][1] == "libpng"
+    assert rows["tuned"][1] == rows["seed"][1] == "libpng (PNG)"
     assert rows["tuned"][10:] == ["24", "", ""]
     if _loader_importable():
         names_of = {"wuffs": "Wuffs", "libpng": "libpng"}
-        assert rows["loader-cpu"][1] == names_of[each]
-        assert rows["loader-cpu-cached"][1] == names_of[fill]
+        assert rows["loader-cpu"][1] == names_of[each] + " (PNG)"
+        assert rows["loader-cpu-cached"][1] == names_of[fill] + " (PNG)"
         assert f"the loader rows with {names_of[each]}" in md
         assert rows["loader-cpu"][10:] == ["24", "", ""]
         c = by["loader-cpu-cached"]
@@ -205,7 +208,8 @@ def test_bench_compares_png_decoders(tiny_tree, tmp_path, monkeypatch):
         assert all(by[n]["cpu_decodes_per_epoch"] == 24 for n in by)
         assert res["png_decoder"] == ["wuffs", "libpng"]
         md = (tmp_path / "both" / "results.md").read_text()
-        assert "| loader-cpu-wuffs | Wuffs |" in md and "| loader-cpu-libpng | libpng |" in md
+        assert ("| loader-cpu-wuffs | Wuffs (PNG) |" in md
+                and "| loader-cpu-libpng | libpng (PNG) |" in md)
         assert "loader-cpu-wuffs/loader-cpu-libpng = " in md
         assert "(--png-decoder wuffs libpng)" in md
     # Without Wuffs (pywuffs, nor the native core's TF op) the default is libpng, and asking
@@ -218,7 +222,7 @@ def test_bench_compares_png_decoders(tiny_tree, tmp_path, monkeypatch):
                     include=["loader-cpu"], progress=False)
     assert [(s["pipeline"], s["png_decoder"]) for s in res["summary"]] == [
         ("loader-cpu", "libpng")]
-    assert "| loader-cpu | libpng |" in results_markdown(res)
+    assert "| loader-cpu | libpng (PNG) |" in results_markdown(res)
     res = run_bench(tiny_tree, batch_size=8, image_size=(32, 32), rounds=1, max_batches=1,
                     include=["loader-cpu"], progress=False, png_decoder="wuffs")
     assert res["summary"] == [] and "build_tf" in res["skipped"]["loader-cpu"]

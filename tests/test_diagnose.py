@@ -74,7 +74,7 @@ def test_verdict_decode_quotes_the_cached_epoch():
     assert "dali-loader prefetch /data --gpu-ready --cache-dir DIR" in text
     assert f"about {450e3 * m.num_files / 1e6:,.1f} MB for all {m.num_files:,} files" in text
     cpu = 1 / (1 / 340 + 1 / 1800)  # PNG decode + resize on all cores: 286 img/s
-    assert f"{cpu:,.0f} img/s with PNG decode" in text and "286 img/s with PNG decode" in text
+    assert f"{cpu:,.0f} img/s with decode" in text and "286 img/s with decode" in text
     assert "1,234 img/s for a cached epoch's decode+resize" in text
     assert "1.5x the source's bytes" in text  # 450 KB entries for 300 KB objects
     assert f"lifts the decode bound {1234 / cpu:.1f}x" in text
@@ -180,7 +180,7 @@ def test_cache_advice_compares_with_the_loader_decoder():
     assert verdict(m)["cache_lifts_decode"] is True
     w = verdict(dataclasses.replace(m, png_decoder="wuffs", wuffs_all_cores=680.0))
     assert w["cache_lifts_decode"] is False
-    assert "against 494 img/s with PNG decode by Wuffs" in " ".join(w["advice"])
+    assert "against 494 img/s with decode by Wuffs" in " ".join(w["advice"])
 
 
 def test_verdict_consumer():
@@ -322,3 +322,51 @@ def test_cli_errors(tmp_path, capsys):
     assert "missing" in capsys.readouterr().err
     with pytest.raises(ValueError, match="Received"):
         run_diagnose(str(tmp_path), step_time=-1)
+
+
+# ---------------------------------------------------- the decoder named for the files present
+def test_decoder_name_for_the_formats_present():
+    from dali_loader.tools.decoders import decoder_name, format_counts
+
+    assert decoder_name({"JPEG": 64}, "libpng") == "libjpeg-turbo (JPEG)"
+    assert decoder_name({"PNG": 64}, "wuffs") == "Wuffs (PNG)"
+    assert decoder_name({"PNG": 24, "JPEG": 40}, "libpng") == (
+        "libpng (PNG, 24 of 64) + libjpeg-turbo (JPEG, 40 of 64)")
+    assert decoder_name(None, "wuffs") == "Wuffs"  # formats not sampled: the PNG decoder
+    assert format_counts([b"\xff\xd8\xff\xe0", b"\x89PNG\r\n\x1a\n", b"GIF89a", b"BM", b"x"]) == {
+        "PNG": 1, "JPEG": 1, "GIF": 1, "BMP": 1, "other": 1}
+
+
+def _jpegs(root, n: int, start: int = 0) -> str:
+    rng = np.random.default_rng(1)
+    for i in range(start, start + n):
+        d = os.path.join(root, f"c{i % 2}")
+        os.makedirs(d, exist_ok=True)
+        Image.fromarray(rng.integers(0, 256, (24, 32, 3), dtype=np.uint8)).save(
+            os.path.join(d, f"j{i:03d}.jpg"), quality=90)
+    return str(root)
+
+
+def test_jpeg_folder_names_the_jpeg_decoder_not_png_ones(tmp_path):
+    """Issue 29: a JPEG folder's report named libpng and "Wuffs ... 0 of 0 sampled PNGs"."""
+    root = _jpegs(tmp_path, 6)
+    for png_decoder in (None, "libpng"):
+        m = run_diagnose(root, sample=6, png_decoder=png_decoder, **FAST)
+        assert m.sample_formats == {"JPEG": 6} and m.decode_by_format is None
+        r = format_report(m)
+        assert "decode, libjpeg-turbo (JPEG) " in r
+        assert "libpng" not in r and "Wuffs" not in r and "PNG decoder" not in r, r
+        assert "decoder: libjpeg-turbo (JPEG))" in r
+        advice = " ".join(verdict(m)["advice"])
+        assert "PNG" not in advice and "libpng" not in advice, advice
+
+
+def test_mixed_folder_names_each_decoder_with_its_own_bound(tmp_path):
+    root = _pngs(tmp_path, 4, (24, 32), noise=True)
+    _jpegs(tmp_path, 4, start=10)
+    m = run_diagnose(root, sample=8, **FAST)
+    assert m.sample_formats == {"PNG": 4, "JPEG": 4}
+    assert set(m.decode_by_format) == {"PNG", "JPEG"} and min(m.decode_by_format.values()) > 0
+    r = format_report(m)
+    assert "decode, libpng (PNG, 4 of 8) + libjpeg-turbo (JPEG, 4 of 8) " in r
+    assert re.search(r"decode by format +PNG [\d,]+ img/s, JPEG [\d,]+ img/s", r), r

@@ -77,10 +77,28 @@ def pixels_like_keras(data: bytes, path: str, channels: int, tf):
     try:
         img = tf.image.decode_image(data, channels=channels, expand_animations=False)
     except (tf.errors.OpError, ValueError) as e:
-        detail = str(getattr(e, "message", e)).strip().splitlines()[0]
-        detail = re.sub(r"\{\{.*?\}\}\s*|\s*\[Op:\w+\]", "", detail)[:200]
-        raise CorruptImageError(path, f"TensorFlow's decoder failed on it ({detail})") from None
+        raise CorruptImageError(path, f"TensorFlow's decoder failed on it ({_op_detail(e)})") from None
     return np.asarray(img)  # a read-only view: `.numpy()` would copy the pixels
+
+
+def _op_detail(e: Exception) -> str:
+    """An op error's first line, without TF's node and op decorations."""
+    detail = str(getattr(e, "message", e)).strip().splitlines()[0]
+    return re.sub(r"\{\{.*?\}\}\s*|\s*\[Op:\w+\]|\s*name:\s*$", "", detail)[:200]
+
+
+def resize_problem(pixels: np.ndarray, spec, tf) -> str | None:
+    """Why Keras's resize (`resize_like_keras`) of decoded HxWxC `pixels` to
+    `spec` fails, run eagerly, or None when it does not."""
+    try:
+        resize_like_keras(tf.constant(pixels), spec, tf)
+    except (tf.errors.OpError, ValueError) as e:
+        how = ("crop_to_aspect_ratio" if spec.crop_to_aspect_ratio else
+               "pad_to_aspect_ratio" if spec.pad_to_aspect_ratio else "stretch")
+        h, w = pixels.shape[:2]
+        return (f"TensorFlow's resize of its {h}x{w} pixels to {spec.height}x{spec.width} "
+                f"({how}, {spec.interpolation}) failed ({_op_detail(e)})")
+    return None
 
 
 def resize_like_keras(img, spec, tf):

@@ -26,16 +26,19 @@ import json
 import tempfile
 import logging
 import os
+import random
 import resource
 import statistics
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Iterable, Sequence
 
 from dali_loader.args import positive_int
 from dali_loader.decode.devices import dali_gpu_count
+from dali_loader.tools.decoders import PNG_DECODERS, decoder_name, format_counts
 
 PNG_DECODER_CHOICES = ("wuffs", "libpng")
-DECODER_NAMES = {"wuffs": "Wuffs", "libpng": "libpng", "gpu": "GPU (png_gpu)"}
+DECODER_NAMES = PNG_DECODERS
 
 logger = logging.getLogger(__name__)
 
@@ -339,8 +342,10 @@ def run_bench(source: str, *, step_time: float = 0.0, batch_size: int = 128,
     try:
         pipes, skipped, closers, used = _pipelines(source, batch_size, image_size, cache_dir,
                                                    include, ready_dir, png_decoder)
+        formats = sample_formats(source)
         for name in pipes:
-            extras[name] = {"png_decoder": used[name]}
+            extras[name] = {"png_decoder": used[name],
+                            "decoder": decoder_name(formats, used[name])}
         for name in [n for n in pipes if n.endswith("-cached")]:
             try:
                 extras[name].update(_fill(name, pipes[name], progress))
@@ -378,10 +383,26 @@ def run_bench(source: str, *, step_time: float = 0.0, batch_size: int = 128,
             t.cleanup()
     return {"source": str(source), "step_time": step_time, "batch_size": batch_size,
             "image_size": list(image_size), "rounds": rounds, "max_batches": max_batches,
-            "png_decoder": png_decoder,
+            "png_decoder": png_decoder, "formats": formats,
             "cores": os.cpu_count() or 1, "gpu": dali_gpu_count() > 0,
             "runs": [r.to_dict() for r in runs], "summary": summarize(runs, extras),
             "skipped": skipped}
+
+
+def sample_formats(source: str, sample: int = 32, seed: int = 0) -> dict[str, int] | None:
+    """The formats of up to `sample` of `source`'s files (format -> count; None when they
+    cannot be read): what the rows' decoders are named for."""
+    from dali_loader.tools.diagnose import list_objects_raw, make_fetcher
+
+    try:
+        files = [p for p, _ in list_objects_raw(source)]
+        picked = random.Random(seed).sample(files, min(sample, len(files)))
+        fetch = make_fetcher(source)
+        with ThreadPoolExecutor(max_workers=16) as pool:
+            return format_counts(pool.map(fetch, picked))
+    except Exception as exc:  # noqa: BLE001 - the names fall back to the PNG decoder's
+        logger.warning("Could not sample the formats of %s: %s", source, exc)
+        return None
 
 
 def _fill(name: str, dataset: Any, progress: bool) -> dict[str, Any]:
@@ -427,14 +448,15 @@ def _fmt(value: Any, spec: str, suffix: str = "") -> str:
 
 def results_markdown(res: dict[str, Any]) -> str:
     """The summary as a Markdown table."""
-    lines = ["| pipeline | PNG decoder | images/s | first round images/s | step time (ms) | "
+    lines = ["| pipeline | decoder | images/s | first round images/s | step time (ms) | "
              "input wait | reading | wait after 1st batch | 1st batch wait (s) | "
              "CPU utilisation | CPU decodes/epoch | cache KB/image | cache / source bytes |",
              "|---|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
     for s in res["summary"]:
         per_image = s.get("cache_bytes_per_image")
         png = s.get("png_decoder")
-        lines.append(f"| {s['pipeline']} | {DECODER_NAMES.get(png, png or '')} | "
+        name = s.get("decoder") or (png and decoder_name(res.get("formats"), png)) or ""
+        lines.append(f"| {s['pipeline']} | {name} | "
                      f"{s['img_s']:.1f} | {s['first_round_img_s']:.1f} | "
                      f"{s['step_ms']:.0f} | {s['input_wait_pct']:.1f}% | {s['input_bound']} | "
                      f"{s.get('steady_wait_pct', float('nan')):.1f}% | "

@@ -37,6 +37,7 @@ from typing import Any, Callable, Sequence
 from dali_loader.args import positive_int
 from dali_loader.index import ALLOWLIST_FORMATS
 from dali_loader.storage.urls import parse_url
+from dali_loader.tools.decoders import decoder_name, format_counts, sniff_format
 
 logger = logging.getLogger(__name__)
 
@@ -82,6 +83,20 @@ class Measurements:
     wuffs_all_cores: float | None = None
     sample_pngs: int | None = None
     png_fallbacks: int | None = None
+    # The sampled files' formats (format -> count; None: not sampled) and, for a mix, the
+    # decode rate of each format's files alone on all cores (TF's decoders: libpng for PNG).
+    sample_formats: dict[str, int] | None = None
+    decode_by_format: dict[str, float] | None = None
+
+
+def has_pngs(m: Measurements) -> bool:
+    """Whether PNGs were sampled (True when the formats are unknown)."""
+    return m.sample_formats is None or "PNG" in m.sample_formats
+
+
+def names(m: Measurements, png_decoder: str = "libpng") -> str:
+    """The decoders that run for the sampled files, PNGs by ``png_decoder``."""
+    return decoder_name(m.sample_formats, png_decoder)
 
 
 def interp_rate(fetch_rates: dict[int, float], in_flight: float) -> float:
@@ -183,23 +198,31 @@ def verdict(m: Measurements) -> dict[str, Any]:
     elif bottleneck == "decode":
         share = 100.0 * cpu / m.resize_all_cores
         advice.append(
-            f"Decode: with libpng (tf.data's decoder) PNG decode runs at "
+            f"Decode: with {names(m)} (tf.data's decoders) decode runs at "
             f"{m.decode_per_core:,.0f} img/s per core, "
             f"{m.decode_all_cores:,.0f} img/s on all {m.cores} cores; with resize "
             f"({share:.0f}% of the CPU time) the CPU delivers ~{cpu:,.0f} img/s, below storage "
             f"({tfd['storage']:,.0f} objects/s) and the consumer ({_fmt_rate(cons)}, {step}).")
-        advice.append(
-            "PNG is always decoded on the CPU (DALI's GPU decoder handles JPEG, not PNG): use "
-            "every core (this loader's num_threads defaults to all), move the resize to the GPU "
-            "(device='gpu'), store images pre-resized to image_size, or re-encode to JPEG so the "
-            f"GPU decodes them. This loader: expect ~{expected_loader:,.0f} img/s.")
+        if has_pngs(m):
+            advice.append(
+                "PNG is always decoded on the CPU (DALI's GPU decoder handles JPEG, not PNG): "
+                "use every core (this loader's num_threads defaults to all), move the resize to "
+                "the GPU (device='gpu'), store images pre-resized to image_size, or re-encode "
+                f"to JPEG so the GPU decodes them. This loader: expect ~{expected_loader:,.0f} "
+                "img/s.")
+        else:
+            advice.append(
+                "On a GPU this loader decodes JPEG there (nvJPEG, device='gpu') and resizes "
+                "there too; on the CPU use every core (num_threads defaults to all) or store "
+                f"images pre-resized to image_size. This loader: expect ~{expected_loader:,.0f} "
+                "img/s.")
     else:
         advice.append(
             f"Consumer: {step} is {_fmt_rate(cons)}; input could deliver "
             f"~{min(tfd['storage'], cpu):,.0f} img/s even at {m.cores} reads in flight, so the "
             "step is not waiting for input. Speed up the model (mixed precision, XLA, a larger "
             "batch) rather than the input pipeline.")
-    if "decode" in (bottleneck, bottleneck_loader):
+    if "decode" in (bottleneck, bottleneck_loader) and has_pngs(m):
         advice.append(_decoder_advice(m, ldr["decode"]))
     lifts = None
     if m.cached_all_cores is not None and "decode" in (bottleneck, bottleneck_loader):
@@ -256,10 +279,10 @@ def _cache_advice(m: Measurements, cpu: float, cons: float, lifts: bool) -> str:
         size += (f", about {_fmt_bytes(m.cached_object_bytes * m.num_files)} for all "
                  f"{m.num_files:,} files (bound it with cache_max_bytes)")
     text = (f"The GPU-ready cache (gpu_ready=True, cache_dir=DIR; fill it ahead with "
-            f"`dali-loader prefetch {m.source} --gpu-ready --cache-dir DIR`) removes the PNG "
+            f"`dali-loader prefetch {m.source} --gpu-ready --cache-dir DIR`) removes the "
             f"decode from every epoch after the first, on the CPU and on the GPU path alike: "
             f"measured here {cached:,.0f} img/s for a cached epoch's decode+resize against "
-            f"{cpu:,.0f} img/s with PNG decode by {DECODER_NAMES[m.png_decoder]}, on "
+            f"{cpu:,.0f} img/s with decode by {names(m, m.png_decoder)}, on "
             f"{m.cores} cores{size}.")
     if not lifts:
         return text + (" It would not lift the decode bound here (a cached epoch still "
@@ -537,13 +560,21 @@ def run_diagnose(source: str, *, step_time: float = 0.0, batch_size: int = 32,
 
     decode, resize = _kernels(image_size)
     decoders = [decode]
+    formats = format_counts(blobs)
     pngs = fallbacks = None
     if png_cpu.available():
         pngs, fallbacks = _png_counts(blobs)  # also creates this thread's decoders
-        decoders.append(_wuffs_kernel(decode))
+        if pngs:  # Wuffs only decodes PNGs: without any, it would time libpng again
+            decoders.append(_wuffs_kernel(decode))
     (decode_1, *wuffs_1), (decode_n, *wuffs_n) = (
         _timed_alternating(decoders, blobs, workers, budget_s) for workers in (1, cores))
     wuffs_1, wuffs_n = (wuffs_1 or [None])[0], (wuffs_n or [None])[0]
+    if pngs == 0:  # nothing for Wuffs: with png_decoder="wuffs", TF's decoders run all
+        wuffs_1, wuffs_n = decode_1, decode_n
+    by_format = None
+    if len(formats) > 1:  # a mix: each format's bound measured on its own files
+        by_format = {f: _timed_map(decode, [b for b in blobs if sniff_format(b) == f], cores,
+                                   budget_s / 2) for f in formats}
     images = [decode(b) for b in blobs]
     resize_1 = _timed_map(resize, images, 1, budget_s / 2)
     resize_n = _timed_map(resize, images, cores, budget_s / 2)
@@ -562,7 +593,8 @@ def run_diagnose(source: str, *, step_time: float = 0.0, batch_size: int = 32,
                      batch_size=batch_size, step_time=step_time,
                      loader_in_flight=loader_in_flight, png_decoder=runs,
                      png_decoder_option=png_decoder, wuffs_per_core=wuffs_1,
-                     wuffs_all_cores=wuffs_n, sample_pngs=pngs, png_fallbacks=fallbacks)
+                     wuffs_all_cores=wuffs_n, sample_pngs=pngs, png_fallbacks=fallbacks,
+                     sample_formats=formats, decode_by_format=by_format)
     v = verdict(m)
     if "decode" in (v["bottleneck"], v["bottleneck_with_loader"]):
         kernel = _cached_kernel(image_size)
@@ -598,16 +630,20 @@ def format_report(m: Measurements) -> str:
     for c, r in sorted(m.fetch_rates.items()):
         rows.append((f"reads, {c} in flight",
                      f"{r:,.0f} objects/s ({r * m.mean_object_bytes / 1e6:,.1f} MB/s)"))
-    rows += [("decode, libpng", f"{m.decode_per_core:,.0f} img/s per core, "
-                                f"{m.decode_all_cores:,.0f} img/s on {m.cores} cores"),
-             ("decode, Wuffs", _wuffs_row(m)),
+    rows += [(f"decode, {names(m)}", f"{m.decode_per_core:,.0f} img/s per core, "
+                                     f"{m.decode_all_cores:,.0f} img/s on {m.cores} cores"),
+             *([("decode by format", ", ".join(
+                 f"{f} {r:,.0f} img/s" for f, r in m.decode_by_format.items())
+                 + f" on {m.cores} cores (each on its own files)")]
+               if m.decode_by_format else []),
+             *([("decode, Wuffs", _wuffs_row(m))] if has_pngs(m) else []),
              ("resize", f"{m.resize_per_core:,.0f} img/s per core, "
                         f"{m.resize_all_cores:,.0f} img/s on {m.cores} cores"),
              ("decode+resize", _bounds_row(m, v)),
              *([("cached decode+resize",
                  f"{m.cached_all_cores:,.0f} img/s on {m.cores} cores (GPU-ready cache, raw "
                  "entries" + (f" of {m.cached_object_bytes / 1e3:.0f} KB" if m.cached_object_bytes
-                              else "") + "; no PNG decode)")]
+                              else "") + "; no decode)")]
                if m.cached_all_cores is not None else []),
              ("loader end to end", f"{m.loader_rate:,.0f} img/s ({m.loader_device})"
               if m.loader_rate is not None else f"not measured ({m.loader_error or 'skipped'})"),
@@ -619,13 +655,14 @@ def format_report(m: Measurements) -> str:
     lines += [f"  {a:<{w}}  {b}" for a, b in rows]
     bounds = lambda sr: ", ".join(f"{k} {_fmt_rate(x if x is not None else math.inf)}"  # noqa: E731
                                   for k, x in sr.items())
-    name = DECODER_NAMES[m.png_decoder]
-    lines += ["", f"  stage bounds (img/s), tf.data-style reads ({m.cores} in flight), libpng "
-                  f"decode: {bounds(v['stage_rates'])}",
+    name = names(m, m.png_decoder)
+    lines += ["", f"  stage bounds (img/s), tf.data-style reads ({m.cores} in flight), "
+                  f"{names(m)} decode: {bounds(v['stage_rates'])}",
               f"  with this loader ({m.loader_in_flight} in flight), {name} decode: "
               f"{bounds(v['stage_rates_with_loader'])}",
               "", f"bottleneck: {v['bottleneck']}  (with this loader: "
-                  f"{v['bottleneck_with_loader']}; PNG decoder: {name})", ""]
+                  f"{v['bottleneck_with_loader']}; "
+                  f"{'PNG decoder' if m.sample_formats is None else 'decoder'}: {name})", ""]
     lines += [f"- {a}" for a in v["advice"]]
     return "\n".join(lines)
 
@@ -644,9 +681,9 @@ def _wuffs_row(m: Measurements) -> str:
 def _bounds_row(m: Measurements, v: dict[str, Any]) -> str:
     """Both decoders' decode+resize bounds on all cores, and which one the loader runs."""
     b = v["decode_bounds"]
-    tag = lambda d: f" ({_runs_why(m)})" if d == m.png_decoder else ""  # noqa: E731
-    text = f"libpng{tag('libpng')}: {b['libpng']:,.0f} img/s"
-    if b["wuffs"] is not None:
-        text += (f"; Wuffs{tag('wuffs')}: {b['wuffs']:,.0f} img/s "
+    tag = lambda d: f" ({_runs_why(m)})" if d == m.png_decoder and has_pngs(m) else ""  # noqa: E731
+    text = f"{names(m)}{tag('libpng')}: {b['libpng']:,.0f} img/s"
+    if b["wuffs"] is not None and has_pngs(m):
+        text += (f"; {names(m, 'wuffs')}{tag('wuffs')}: {b['wuffs']:,.0f} img/s "
                  f"({b['wuffs'] / b['libpng']:.2f}x)")
     return text
