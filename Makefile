@@ -4,6 +4,10 @@ PY ?= python3.11
 VENV := .venv
 VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# The native PNG core and its TF op and DALI operator: rebuilt when their sources change.
+NATIVE := dali_loader/native
+NATIVE_BUILD := $(NATIVE)/_build
+NATIVE_LIBS := $(NATIVE_BUILD)/libdlpng.so $(NATIVE_BUILD)/dl_tf_png.so $(NATIVE_BUILD)/dl_dali_png.so
 TF_VERSION ?= 2.21.0
 DALI_VERSION ?= 2.4.0
 # With an NVIDIA driver present, TF's CUDA wheels come along; otherwise the CPU build.
@@ -12,7 +16,7 @@ export TF_CPP_MIN_LOG_LEVEL ?= 2
 
 .PHONY: install test test-fast fuse-lib demo gpu-check gpu-check-png gpu-check-tf bench clean
 
-install: $(STAMP)
+install: $(STAMP) $(NATIVE_LIBS)
 
 $(STAMP): pyproject.toml Makefile
 	$(PY) -m venv $(VENV)
@@ -24,15 +28,24 @@ $(STAMP): pyproject.toml Makefile
 	# 3. The project, editable, with its test and benchmark extras and the fast PNG
 	#    decoder (pywuffs: an sdist, about a minute of g++).
 	$(VPY) -m pip install -q -e ".[test,bench,png]"
-	# 4. The native PNG core (Wuffs' C from the pywuffs sdist + png_core.cc, a few s of g++).
-	$(VPY) -m dali_loader.native.build
-	# 5. The core as a TF op, against the installed TF (about 15 s of g++).
-	$(VPY) -m dali_loader.native.build_tf
-	# 6. The core as a DALI CPU operator (about 5 s of g++). DALI's headers include CUDA's:
-	#    their include folders come from three pinned NVIDIA wheels (pip download, kept
-	#    under _build/; nothing installed, no CUDA toolkit).
-	$(VPY) -m dali_loader.native.build_dali
 	touch $(STAMP)
+
+# 4. The native PNG core (Wuffs' C from the pywuffs sdist + png_core.cc, a few s of g++).
+$(NATIVE_BUILD)/libdlpng.so: $(STAMP) $(NATIVE)/png_core.cc $(NATIVE)/png_core.h $(NATIVE)/build.py
+	$(VPY) -m dali_loader.native.build
+	touch $@
+
+# 5. The core as a TF op, against the installed TF (about 15 s of g++).
+$(NATIVE_BUILD)/dl_tf_png.so: $(NATIVE_BUILD)/libdlpng.so $(NATIVE)/tf_png_op.cc $(NATIVE)/build_tf.py
+	$(VPY) -m dali_loader.native.build_tf
+	touch $@
+
+# 6. The core as a DALI CPU operator (about 5 s of g++). DALI's headers include CUDA's:
+#    their include folders come from three pinned NVIDIA wheels (pip download, kept
+#    under _build/; nothing installed, no CUDA toolkit).
+$(NATIVE_BUILD)/dl_dali_png.so: $(NATIVE_BUILD)/libdlpng.so $(NATIVE)/dali_png_op.cc $(NATIVE)/build_dali.py
+	$(VPY) -m dali_loader.native.build_dali
+	touch $@
 
 test: install fuse-lib
 	$(VPY) -m pytest -q -ra

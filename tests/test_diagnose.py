@@ -156,15 +156,15 @@ def test_verdict_uses_the_png_decoder_that_runs():
     assert 'libpng (runs: png_decoder="libpng"): 286 img/s; Wuffs: 494 img/s' in r
     assert "PNG decoder: libpng)" in r and "(64 in flight), libpng decode" in r
 
-    # Wuffs not installed: libpng runs and the report says how to install it.
+    # Wuffs not built: libpng runs and the report says how to build it.
     plain = _m(source="/data", fetch_rates=FAST_READS)
     p = verdict(plain)
     assert p["png_decoder"] == "libpng" and p["decode_bounds"]["wuffs"] is None
     assert p["wuffs_vs_libpng"] is None
-    assert "Wuffs (exactly TF's pixels; the default for gpu_ready fills) is not installed" in (
-        " ".join(p["advice"]))
+    assert ("Wuffs (exactly TF's pixels; the default for gpu_ready fills) is not built here; "
+            "`make install` builds the native PNG core") in " ".join(p["advice"])
     r = _flat(format_report(plain))
-    assert "decode, Wuffs not installed" in r
+    assert "decode, Wuffs not built (`make install` builds the native PNG core)" in r
     assert "decode+resize libpng (runs by default): 286 img/s" in r
 
     with pytest.raises(ValueError, match="Received: wuffs_all_cores=None"):
@@ -259,7 +259,9 @@ def test_run_measures_both_decoders(tmp_path, monkeypatch):
     # An RGB file with a tRNS colour key: Wuffs leaves it to libpng.
     Image.fromarray(np.zeros((24, 32, 3), np.uint8)).save(
         os.path.join(root, "c0", "key.png"), transparency=(0, 0, 0))
-    if png_cpu.available():
+    from dali_loader.decode import png_native, png_stage
+
+    if png_native.available() or png_cpu.available():
         m = run_diagnose(root, sample=6, png_decoder="wuffs", **FAST)
         assert m.png_decoder == "wuffs" and m.png_decoder_option == "wuffs"
         assert m.wuffs_per_core > 0 and m.wuffs_all_cores > 0
@@ -273,11 +275,10 @@ def test_run_measures_both_decoders(tmp_path, monkeypatch):
         f = verdict(forced)
         assert f["stage_rates_with_loader"]["decode"] == pytest.approx(
             f["decode_bounds"]["libpng"])
-    # Without Wuffs (pywuffs, nor the native core's TF op): libpng runs, and asking for
-    # Wuffs fails.
-    from dali_loader.decode import png_stage
-
+    # Without Wuffs (pywuffs, nor the native core and its TF op): libpng runs, and asking
+    # for Wuffs fails.
     monkeypatch.setattr(png_cpu, "available", lambda: False)
+    monkeypatch.setattr(png_native, "available", lambda: False)
     monkeypatch.setattr(png_stage, "_tf_op_available", lambda: False)
     m = run_diagnose(root, sample=6, **FAST)
     assert m.png_decoder == "libpng" and m.wuffs_all_cores is None and m.png_fallbacks is None

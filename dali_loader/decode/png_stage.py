@@ -54,8 +54,9 @@ logger = logging.getLogger(__name__)
 class PngDecoder(str, enum.Enum):
     """Who decodes PNG files."""
 
-    # Wuffs, TF's pixels: the native core as a TF op on the TF path (`tf_png`);
-    # png_cpu on the feed's threads on the DALI path and for GPU-ready fills
+    # Wuffs, TF's pixels: the native core as a TF op on the TF path (`tf_png`); on
+    # the feed's threads (the core through ctypes, else pywuffs) on the DALI path
+    # and for GPU-ready fills
     WUFFS = "wuffs"
     LIBPNG = "libpng"  # TF's decode_png on the TF path, nvImageCodec inside DALI
     GPU = "gpu"  # the batched GPU decoder (png_batches; experimental, off by default)

@@ -8,11 +8,12 @@ bounds the pipeline. Reads are modelled at two concurrencies: ``cores`` in fligh
 
 Decode and resize are timed in a thread pool of one thread per core. PNG decode is timed twice:
 with libpng (TensorFlow's ``tf.io.decode_image``, what a tf.data pipeline like the seed's runs;
-Pillow when TF is not installed) and with Wuffs (``png_cpu.decode_png``, ``png_decoder="wuffs"``
-where ``pywuffs`` is installed: exactly TF's pixels, the GIL released while it decodes; the files
-it leaves to libpng, and non-PNG files, decoded by libpng as the loader does). PNG is always
-decoded on the CPU, DALI's GPU decoder included. The tf.data-style bounds use libpng; the
-loader's use the decoder it runs (``png_decoder``: libpng by default, or Wuffs).
+Pillow when TF is not installed) and with Wuffs (the native core, ``png_native.decode_png``,
+where it is built, else ``pywuffs``' ``png_cpu.decode_png``: exactly TF's pixels, the GIL
+released while it decodes; the files it leaves to libpng, and non-PNG files, decoded by libpng
+as the loader does). PNG is always decoded on the CPU, DALI's GPU decoder included. The
+tf.data-style bounds use libpng; the loader's use the decoder it runs (``png_decoder``: by
+default the native core where its TF op is built, else libpng).
 
 When decode bounds the pipeline, a cached epoch of the GPU-ready cache (``gpu_ready=True``) is
 timed too: the sample's raw-pixel entries (``ready_forms.encode_raw``, the TF path's form) read
@@ -261,11 +262,13 @@ def _decoder_advice(m: Measurements, loader_cpu: float) -> str:
                 f"(png_decoder=\"wuffs\"; the default for gpu_ready fills) decodes "
                 f"{m.wuffs_all_cores:,.0f} img/s on {m.cores} cores "
                 f"({m.wuffs_all_cores / m.decode_all_cores:.1f}x libpng; with resize "
-                f"~{_cpu_rate(m, 'wuffs'):,.0f} img/s), with exactly TF's pixels; end to end "
-                "it was slower on the feed's threads here (docs/png_cpu.md).")
+                f"~{_cpu_rate(m, 'wuffs'):,.0f} img/s), with exactly TF's pixels"
+                + ("" if m.png_decoder_option == "libpng" else
+                   "; by default the loader runs it where its TF op is built "
+                   "(`make install` builds it)") + " (docs/png_cpu.md).")
     return ("This loader decodes PNGs with libpng: Wuffs (exactly TF's pixels; the default for "
-            "gpu_ready fills) is not installed; `make install` builds it "
-            "(pip install pywuffs==2.0.1).")
+            "gpu_ready fills) is not built here; `make install` builds the native PNG core "
+            "(docs/png_cpu.md).")
 
 
 def _cache_advice(m: Measurements, cpu: float, cons: float, lifts: bool) -> str:
@@ -372,14 +375,26 @@ def _kernels(image_size: Sequence[int]):
         return decode_pil, lambda im: im.resize(size[::-1], Image.BILINEAR)
 
 
-def _wuffs_kernel(libpng: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
+def _wuffs_png() -> Callable[[bytes, int], Any] | None:
+    """Wuffs' ``decode_png(data, channels)`` as the loader runs it: the native core where it
+    is built (``png_native``, what the TF op and the DALI operator run), else pywuffs
+    (``png_cpu``); None when neither is here."""
+    from dali_loader.decode import png_cpu, png_native
+
+    if png_native.available():
+        return png_native.decode_png
+    return png_cpu.decode_png if png_cpu.available() else None
+
+
+def _wuffs_kernel(libpng: Callable[[bytes], Any],
+                  wuffs_png: Callable[[bytes, int], Any]) -> Callable[[bytes], Any]:
     """The loader's PNG decode with Wuffs (``png_stage.KerasPixels``' rule): a PNG by
-    ``png_cpu.decode_png``, what it leaves (a ``Fallback``) and other files by ``libpng``."""
+    ``wuffs_png``, what it leaves (a ``Fallback``) and other files by ``libpng``."""
     from dali_loader.decode import png_cpu
 
     def decode(data: bytes):
         if data[:8] == png_cpu.SIGNATURE:
-            px = png_cpu.decode_png(data, 3)
+            px = wuffs_png(data, 3)
             if not isinstance(px, png_cpu.Fallback):
                 return px
         return libpng(data)
@@ -387,18 +402,20 @@ def _wuffs_kernel(libpng: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
     return decode
 
 
-def _png_counts(blobs: Sequence[bytes]) -> tuple[int, int]:
+def _png_counts(blobs: Sequence[bytes], wuffs_png: Callable[[bytes, int], Any]
+                ) -> tuple[int, int]:
     """(PNGs among ``blobs``, those Wuffs leaves to libpng)."""
     from dali_loader.decode import png_cpu
 
     pngs = [b for b in blobs if b[:8] == png_cpu.SIGNATURE]
-    return len(pngs), sum(isinstance(png_cpu.decode_png(b, 3), png_cpu.Fallback) for b in pngs)
+    return len(pngs), sum(isinstance(wuffs_png(b, 3), png_cpu.Fallback) for b in pngs)
 
 
 def _resolve_decoder(png_decoder: str | None) -> str:
     """The PNG decoder the loader runs for ``png_decoder`` ("wuffs" or "libpng")."""
     if png_decoder not in (None, "wuffs", "libpng"):
-        raise ValueError('png_decoder must be None (libpng), "wuffs" or "libpng". '
+        raise ValueError('png_decoder must be None (the native decoder where it is built, else '
+                         'libpng), "wuffs" or "libpng". '
                          f"Received: png_decoder={png_decoder!r}")
     from dali_loader.decode.png_stage import resolve_png_decoder
 
@@ -509,8 +526,8 @@ def run_diagnose(source: str, *, step_time: float = 0.0, batch_size: int = 32,
         device: loader device (None = auto).
         budget_s: minimum seconds per decode/resize timing.
         seed: picks the sample.
-        png_decoder: the loader's PNG decoder: None (libpng),
-            "wuffs" or "libpng". Both are timed whenever Wuffs is installed; the loader's
+        png_decoder: the loader's PNG decoder: None (its default: the native core's TF
+            op where built, else libpng), "wuffs" or "libpng". Both are timed whenever Wuffs is installed; the loader's
             bounds use this one.
 
     Returns:
@@ -556,16 +573,15 @@ def run_diagnose(source: str, *, step_time: float = 0.0, batch_size: int = 32,
         blobs = list(pool_ex.map(fetch, paths))
     mean_bytes = statistics.fmean(len(b) for b in blobs)
 
-    from dali_loader.decode import png_cpu
-
     decode, resize = _kernels(image_size)
     decoders = [decode]
     formats = format_counts(blobs)
     pngs = fallbacks = None
-    if png_cpu.available():
-        pngs, fallbacks = _png_counts(blobs)  # also creates this thread's decoders
+    wuffs_png = _wuffs_png()
+    if wuffs_png is not None:
+        pngs, fallbacks = _png_counts(blobs, wuffs_png)  # also creates this thread's decoders
         if pngs:  # Wuffs only decodes PNGs: without any, it would time libpng again
-            decoders.append(_wuffs_kernel(decode))
+            decoders.append(_wuffs_kernel(decode, wuffs_png))
     (decode_1, *wuffs_1), (decode_n, *wuffs_n) = (
         _timed_alternating(decoders, blobs, workers, budget_s) for workers in (1, cores))
     wuffs_1, wuffs_n = (wuffs_1 or [None])[0], (wuffs_n or [None])[0]
@@ -670,7 +686,7 @@ def format_report(m: Measurements) -> str:
 def _wuffs_row(m: Measurements) -> str:
     """The report's Wuffs decode row: its rates and the sampled PNGs it leaves to libpng."""
     if m.wuffs_all_cores is None:
-        return "not installed (`make install` builds it: pip install pywuffs==2.0.1)"
+        return "not built (`make install` builds the native PNG core)"
     text = (f"{m.wuffs_per_core:,.0f} img/s per core, {m.wuffs_all_cores:,.0f} img/s on "
             f"{m.cores} cores")
     if m.sample_pngs is not None:
