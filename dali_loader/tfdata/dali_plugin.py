@@ -260,9 +260,15 @@ class _PluginEpochs:
             chunks = [c for handed in reversed(self._recent) for c in reversed(handed)]
         first = [c[k] for c in chunks if k is not None and k < len(c)]
         rest = [p for c in chunks for p in c if p not in first]
+        # Files already left out were not in the batch that failed (an earlier
+        # iteration's chunks are among the suspects): naming one again would blame it
+        # for another file's failure, which would then never be left out.
+        left_out = set(self.undecodable)
         feed = self.batches.feed
         paths = feed.index.paths
         for pos in dict.fromkeys(first + rest):
+            if pos in left_out:
+                continue
             try:
                 data = feed.items(paths[pos])
             except BadFileError as e:
