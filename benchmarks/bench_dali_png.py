@@ -26,19 +26,15 @@ and the ratios.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import subprocess
 import sys
-import tempfile
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-MALLOC_TUNABLES = ("glibc.malloc.mmap_threshold=268435456:glibc.malloc.trim_threshold=4294967296"
-                   ":glibc.malloc.top_pad=268435456")
+from malloc_ab import ab_main  # noqa: E402
+
 STAGE = ("dali-libpng", "native-op")
 EPOCHS = ("libpng", "native", "wuffs")
 BATCH = 128
@@ -164,47 +160,12 @@ def report(name: str, res: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--data", default=None, help="PNG folder (default: a new sample dataset)")
-    ap.add_argument("--num-images", type=int, default=1024)
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--malloc", choices=("both", "default", "tuned"), default="both")
-    ap.add_argument("--json", default=None, help="also write the numbers here")
-    ap.add_argument("--no-stage", action="store_true", help="epochs only")
-    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    args = ap.parse_args(argv)
-    if args.child:
-        res = run_one(args.data, args.rounds, stage=not args.no_stage)
-        with open(args.json, "w") as f:
-            json.dump(res, f)
-        return 0
-    with tempfile.TemporaryDirectory(prefix="bench-dali-png-") as tmp:
-        data = args.data
-        if data is None:
-            from dali_loader.tools.sample import make_sample_dataset
-
-            data = make_sample_dataset(os.path.join(tmp, "data"), num_images=args.num_images,
-                                       num_classes=4, size=(375, 500), seed=0)
-        print(f"{args.num_images} PNGs 500x375 in {data}; {os.cpu_count()} cores", flush=True)
-        results = {}
-        for which in (("default", "tuned") if args.malloc == "both" else (args.malloc,)):
-            env = dict(os.environ)
-            env.pop("GLIBC_TUNABLES", None)
-            if which == "tuned":
-                env["GLIBC_TUNABLES"] = MALLOC_TUNABLES
-            out = os.path.join(tmp, f"{which}.json")
-            print(f"\nmalloc: {which}", flush=True)
-            subprocess.run([sys.executable, os.path.abspath(__file__), "--child", "--data", data,
-                            "--rounds", str(args.rounds), "--json", out,
-                            *(["--no-stage"] if args.no_stage else [])], env=env, check=True)
-            with open(out) as f:
-                results[which] = json.load(f)
-        for which, res in results.items():
-            report(f"malloc {which}", res)
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump(results, f, indent=1)
-    return 0
+    return ab_main(__file__, __doc__.split("\n")[0],
+                   lambda args: run_one(args.data, args.rounds, stage=not args.no_stage),
+                   report, argv,
+                   add_args=lambda ap: ap.add_argument("--no-stage", action="store_true",
+                                                       help="epochs only"),
+                   child_args=lambda args: ["--no-stage"] if args.no_stage else [])
 
 
 if __name__ == "__main__":

@@ -31,11 +31,10 @@ import sys
 import tempfile
 import time
 
-MALLOC_TUNABLES = ("glibc.malloc.mmap_threshold=268435456:glibc.malloc.trim_threshold=4294967296"
-                   ":glibc.malloc.top_pad=268435456")
-
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from malloc_ab import MALLOC_TUNABLES, malloc_env  # noqa: E402
 
 
 def png_decode_bound(tf, files: list[str], threads: int, rounds: int = 3) -> float:
@@ -98,10 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         for which in ("default", "tuned"):
             print(f"\n## malloc: {which}" + (f" (GLIBC_TUNABLES={MALLOC_TUNABLES})"
                                              if which == "tuned" else ""), flush=True)
-            env = dict(os.environ)
-            env.pop("GLIBC_TUNABLES", None)
-            if which == "tuned":
-                env["GLIBC_TUNABLES"] = MALLOC_TUNABLES
+            env = malloc_env(which)
             with tempfile.NamedTemporaryFile(suffix=".json") as out:
                 cmd = [sys.executable, os.path.abspath(__file__), "--malloc", which,
                        "--json", out.name, "--num-images", str(args.num_images),

@@ -214,7 +214,7 @@ def bench_turns(n: int, rounds: int, base: str) -> None:
     """Issue 23's per-file target (CPU default and cached GPU-ready epochs within 1.5x of
     Keras's CPU per image), the loaders in turn, under glibc's default malloc and the tuned
     one (on this VM fresh memory is expensive; its cost hides the loaders' own)."""
-    from bench_gpu_ready import MALLOC_TUNABLES
+    from malloc_ab import MALLOC_TUNABLES
 
     print(f"\n## CPU per image in turn: {n} tiny PNGs, {rounds} rounds of whole epochs per loader, "
           "one process per malloc setting")

@@ -14,7 +14,7 @@ from dali_loader.decode.png_cpu import Fallback, decode_png, grey_from_rgb
 from dali_loader.decode.png_stage import KerasPixels
 from dali_loader.errors import CorruptImageError
 from dali_loader.testing.mutate import MUTATIONS, corpus, mutate
-from dali_loader.testing.pngs import chunk, encode_png, photo
+from dali_loader.testing.pngs import encode_png, photo
 
 tf = pytest.importorskip("tensorflow")
 pytestmark = pytest.mark.skipif(not png_cpu.available(), reason="pywuffs is not installed")
@@ -66,26 +66,11 @@ def test_every_corpus_file_every_mode(pngs):
 
 def _bases() -> list[bytes]:
     """Small PNGs of every 8-bit colour type with all five filter types, a palette
-    with and without tRNS, and Pillow photos (its own filter choice)."""
-    from PIL import Image
+    with and without tRNS, and Pillow photos (its own filter choice): the mutation
+    corpus's bases, shared with the native core's tests and fuzzing."""
+    from dali_loader.testing.fuzz_png import mutation_bases
 
-    rng = np.random.default_rng(7)
-    rgb = photo(rng, 23, 31)
-    out = []
-    for c in (1, 2, 3, 4):
-        px = rgb[:, :, :c] if c != 2 else np.stack([rgb[:, :, 0], rgb[:, :, 1]], -1)
-        out.append(encode_png(px, (0, 1, 2, 3, 4)))
-    pal = rng.integers(0, 256, (16, 3), dtype=np.uint8)
-    idx = rng.integers(0, 16, (19, 27), dtype=np.uint8)
-    out.append(encode_png(idx, (0, 4), palette=pal))
-    out.append(encode_png(idx, (1, 2), palette=pal, trns=bytes(range(0, 160, 10))))
-    gamma = chunk(b"gAMA", (45455).to_bytes(4, "big"))
-    out.append(encode_png(rgb, (4,), extra_chunks=gamma))
-    for mode in ("RGB", "RGBA", "L", "LA", "P"):
-        buf = io.BytesIO()
-        Image.fromarray(photo(rng, 29, 21)).convert(mode).save(buf, format="PNG")
-        out.append(buf.getvalue())
-    return out
+    return mutation_bases()
 
 
 @pytest.mark.parametrize("filters", [(0,), (1,), (2,), (3,), (4,), (0, 1, 2, 3, 4)])

@@ -51,6 +51,17 @@ def decode_like_keras(data, spec, tf, native_png: bool = False):
     return resize_like_keras(img, spec, tf)
 
 
+def labels_like_keras(tf, label_mode: str | None, num_classes: int, x, y):
+    """`(x, y)` with int labels `y` as Keras's `label_mode` gives them (x alone for None)."""
+    if label_mode is None:
+        return x
+    if label_mode == "categorical":
+        return x, tf.one_hot(y, num_classes)
+    if label_mode == "binary":
+        return x, tf.expand_dims(tf.cast(y, "float32"), -1)
+    return x, y
+
+
 def raw_pixels(data, tf):
     """The HxWxC uint8 pixels of a `ready_forms.ReadyForm.RAW` entry (a scalar
     tf.string): the header's shape, the rest reshaped (no decode)."""

@@ -51,6 +51,7 @@ from dali_loader.decode.ready_forms import (
 )
 from dali_loader.decode.tf_kernels import (
     decode_like_keras,
+    labels_like_keras,
     pixels_like_keras,
     read_item,
     resize_problem,
@@ -265,7 +266,7 @@ def to_tf_dataset(loader: DaliBatches | Feed, spec: ImageSpec, batch_size: int |
                                          num_classes, num_threads, handoff)
         return ds
     audits = None
-    labelled = functools.partial(_keras_labels, tf, label_mode, num_classes)
+    labelled = functools.partial(labels_like_keras, tf, label_mode, num_classes)
     if isinstance(loader, DaliBatches):
         ds = _dali_dataset(tf, loader, spec, batch_size, which)
         feed = loader.feed
@@ -292,17 +293,6 @@ def to_tf_dataset(loader: DaliBatches | Feed, spec: ImageSpec, batch_size: int |
     ds.resume_at = functools.partial(_resume_at, loader, spec, batch_size, label_mode,
                                      num_classes, num_threads, handoff)
     return ds
-
-
-def _keras_labels(tf, label_mode: str | None, num_classes: int, x, y):
-    """`(x, y)` with int labels `y` as Keras's `label_mode` gives them (x alone for None)."""
-    if label_mode is None:
-        return x
-    if label_mode == "categorical":
-        return x, tf.one_hot(y, num_classes)
-    if label_mode == "binary":
-        return x, tf.expand_dims(tf.cast(y, "float32"), -1)
-    return x, y
 
 
 def _cardinality(feed: Feed, batch_size: int | None, epoch: int | None,

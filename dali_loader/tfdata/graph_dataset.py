@@ -31,7 +31,7 @@ import math
 import os
 
 from dali_loader.decode.spec import ImageSpec
-from dali_loader.decode.tf_kernels import decode_like_keras
+from dali_loader.decode.tf_kernels import decode_like_keras, labels_like_keras
 from dali_loader.index import Index
 from dali_loader.lazy import import_tf
 from dali_loader.storage.local import on_network_fs
@@ -141,13 +141,8 @@ def graph_dataset(index: Index, spec: ImageSpec, batch_size: int | None, label_m
         with tf.control_dependencies([seen]):
             keep = tf.identity(ok)
         x, y = tf.boolean_mask(x, keep), tf.boolean_mask(y, keep)
-        if label_mode is None:  # Keras's label modes, row by row (before the rebatch)
-            return x
-        if label_mode == "categorical":
-            return x, tf.one_hot(y, num_classes)
-        if label_mode == "binary":
-            return x, tf.expand_dims(tf.cast(y, "float32"), -1)
-        return x, y
+        # Keras's label modes, row by row (before the rebatch)
+        return labels_like_keras(tf, label_mode, num_classes, x, y)
 
     ds = epoch_keys(tf, seed).flat_map(epoch).map(check)
     ds = ds.rebatch(batch_size) if batch_size else ds.unbatch()
