@@ -95,6 +95,9 @@ def run_one(data: str, rounds: int, stage: bool = True) -> dict:
     paths = sorted(os.path.join(d, f) for d, _, fs in os.walk(data) for f in fs)
     blobs = [np.fromfile(p, np.uint8) for p in paths]
     n_full = len(blobs) - len(blobs) % BATCH  # whole batches only
+    if stage and not n_full:
+        raise ValueError(f"The decode stage runs whole batches of {BATCH}: pass --num-images "
+                         f"{BATCH} or more, or --no-stage. Received: {len(blobs)} files in {data}")
     blobs = blobs[:n_full]
     out: dict = {"stage": {f"{k}-{t}": [] for k in STAGE for t in (1, 2)},
                  "epochs": {k: [] for k in EPOCHS}, "cpu_ms": {}, "png_native": []}

@@ -27,11 +27,8 @@ the rounds, and ratios (best against best).
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import resource
-import subprocess
 import sys
 import tempfile
 import time
@@ -39,8 +36,8 @@ import time
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-MALLOC_TUNABLES = ("glibc.malloc.mmap_threshold=268435456:glibc.malloc.trim_threshold=4294967296"
-                   ":glibc.malloc.top_pad=268435456")
+from malloc_ab import ab_main  # noqa: E402
+
 STAGE = ("libpng", "op", "op+cond")
 SETS = ("sample", "photo")
 EPOCHS = ("seed", "cpu-libpng", "cpu-native")
@@ -208,50 +205,17 @@ def report(name: str, res: dict) -> None:
     print(f"  cpu-native / cpu-libpng (best) {native / lib:.2f}x")
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--data", default=None, help="PNG folder (default: a new sample dataset)")
-    ap.add_argument("--num-images", type=int, default=1024)
-    ap.add_argument("--stage-images", type=int, default=300,
-                    help="images of the decode-alone rows")
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--malloc", choices=("both", "default", "tuned"), default="both")
-    ap.add_argument("--json", default=None, help="also write the numbers here")
-    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    args = ap.parse_args(argv)
-    if args.child:
-        with tempfile.TemporaryDirectory(prefix="bench-tf-png-op-tiny-") as tiny:
-            res = run_one(args.data, args.rounds, args.stage_images, tiny_folder(tiny))
-        with open(args.json, "w") as f:
-            json.dump(res, f)
-        return 0
-    with tempfile.TemporaryDirectory(prefix="bench-tf-png-op-") as tmp:
-        data = args.data
-        if data is None:
-            from dali_loader.tools.sample import make_sample_dataset
+def _child(args) -> dict:
+    with tempfile.TemporaryDirectory(prefix="bench-tf-png-op-tiny-") as tiny:
+        return run_one(args.data, args.rounds, args.stage_images, tiny_folder(tiny))
 
-            data = make_sample_dataset(os.path.join(tmp, "data"), num_images=args.num_images,
-                                       num_classes=4, size=(375, 500), seed=0)
-        print(f"PNGs 500x375 in {data}; {os.cpu_count()} cores", flush=True)
-        results = {}
-        for which in (("default", "tuned") if args.malloc == "both" else (args.malloc,)):
-            env = dict(os.environ)
-            env.pop("GLIBC_TUNABLES", None)
-            if which == "tuned":
-                env["GLIBC_TUNABLES"] = MALLOC_TUNABLES
-            out = os.path.join(tmp, f"{which}.json")
-            print(f"\nmalloc: {which}", flush=True)
-            subprocess.run([sys.executable, os.path.abspath(__file__), "--child", "--data", data,
-                            "--rounds", str(args.rounds), "--stage-images",
-                            str(args.stage_images), "--json", out], env=env, check=True)
-            with open(out) as f:
-                results[which] = json.load(f)
-        for which, res in results.items():
-            report(f"malloc {which}", res)
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump(results, f, indent=1)
-    return 0
+
+def main(argv: list[str] | None = None) -> int:
+    return ab_main(__file__, __doc__.split("\n")[0], _child, report, argv,
+                   add_args=lambda ap: ap.add_argument(
+                       "--stage-images", type=int, default=300,
+                       help="images of the decode-alone rows"),
+                   child_args=lambda args: ["--stage-images", str(args.stage_images)])
 
 
 if __name__ == "__main__":
