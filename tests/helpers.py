@@ -134,3 +134,32 @@ def fast_simulator():
     finally:
         sys.setswitchinterval(old)
         shared.array = original
+
+
+def tf_outcome(data: bytes, channels: int):
+    """`tf.io.decode_png`'s pixels (numpy), or None when TF rejects the file."""
+    import tensorflow as tf
+
+    try:
+        return tf.io.decode_png(data, channels=channels).numpy()
+    except (tf.errors.OpError, ValueError):
+        return None
+
+
+def png_outcome(decode, data: bytes, channels: int) -> str:
+    """How a fast PNG decoder `decode(data, channels)` (pixels or a `Fallback`) compares
+    with `tf.io.decode_png`: "fast" (TF's pixels), "fallback" (left to TF),
+    "fallback-rejected" (left to TF, which rejects it), or what went wrong."""
+    import numpy as np
+
+    from dali_loader.decode.png_cpu import Fallback
+
+    ref = tf_outcome(data, channels)
+    got = decode(data, channels)
+    if isinstance(got, Fallback):
+        return "fallback" if ref is not None else "fallback-rejected"
+    if ref is None:
+        return "IT DECODES A FILE TF REJECTS"
+    if ref.shape != got.shape or ref.dtype != got.dtype or not np.array_equal(ref, got):
+        return "PIXELS DIFFER"
+    return "fast"

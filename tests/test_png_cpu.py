@@ -14,7 +14,8 @@ from dali_loader.decode.png_cpu import Fallback, decode_png, grey_from_rgb
 from dali_loader.decode.png_stage import KerasPixels
 from dali_loader.errors import CorruptImageError
 from dali_loader.testing.mutate import MUTATIONS, corpus, mutate
-from dali_loader.testing.pngs import encode_png, photo
+from dali_loader.testing.pngs import encode_png, photo, photo_png
+from helpers import png_outcome, tf_outcome
 
 tf = pytest.importorskip("tensorflow")
 pytestmark = pytest.mark.skipif(not png_cpu.available(), reason="pywuffs is not installed")
@@ -22,25 +23,10 @@ pytestmark = pytest.mark.skipif(not png_cpu.available(), reason="pywuffs is not 
 MODES = (1, 3, 4)
 
 
-def tf_outcome(data: bytes, channels: int) -> np.ndarray | None:
-    """TF's pixels, or None when TF rejects the file."""
-    try:
-        return tf.io.decode_png(data, channels=channels).numpy()
-    except (tf.errors.OpError, ValueError):
-        return None
-
-
 def compare(data: bytes, channels: int) -> str:
-    """'fast' (same pixels), 'fallback' (left to TF), or what went wrong."""
-    ref = tf_outcome(data, channels)
-    got = decode_png(data, channels)
-    if isinstance(got, Fallback):
-        return "fallback" if ref is not None else "fallback-rejected"
-    if ref is None:
-        return "WUFFS DECODES A FILE TF REJECTS"
-    if ref.shape != got.shape or ref.dtype != got.dtype or not np.array_equal(ref, got):
-        return "PIXELS DIFFER"
-    return "fast"
+    """'fast' (TF's pixels), 'fallback' (left to TF), 'fallback-rejected' (left to TF,
+    which rejects it), or what went wrong."""
+    return png_outcome(decode_png, data, channels)
 
 
 def test_every_corpus_file_every_mode(pngs):
@@ -76,13 +62,7 @@ def _bases() -> list[bytes]:
 @pytest.mark.parametrize("filters", [(0,), (1,), (2,), (3,), (4,), (0, 1, 2, 3, 4)])
 @pytest.mark.parametrize("c", [1, 3, 4])
 def test_photos_every_filter_type(filters, c):
-    rng = np.random.default_rng(len(filters) * 10 + c)
-    px = photo(rng, 375, 500)
-    if c == 4:
-        px = np.concatenate([px, rng.integers(0, 256, (375, 500, 1), dtype=np.uint8)], -1)
-    elif c == 1:
-        px = px[:, :, :1]
-    data = encode_png(px, filters)
+    data = photo_png(filters, c)
     for mode in MODES:
         assert compare(data, mode) == "fast", (filters, c, mode)
 

@@ -21,7 +21,8 @@ from dali_loader.decode import png_cpu, png_native
 from dali_loader.decode.png_cpu import Fallback
 from dali_loader.testing.fuzz_png import mutation_bases, run_driver, sources, stacked_mutants
 from dali_loader.testing.mutate import MUTATIONS, corpus, huge_header_png, mutate
-from dali_loader.testing.pngs import chunk, encode_png, photo
+from dali_loader.testing.pngs import chunk, encode_png, photo, photo_png
+from helpers import png_outcome, tf_outcome
 
 tf = pytest.importorskip("tensorflow")
 pytestmark = pytest.mark.skipif(not png_native.available(),
@@ -30,26 +31,10 @@ pytestmark = pytest.mark.skipif(not png_native.available(),
 MODES = (1, 3, 4)
 
 
-def tf_outcome(data: bytes, channels: int) -> np.ndarray | None:
-    """TF's pixels, or None when TF rejects the file."""
-    try:
-        return tf.io.decode_png(data, channels=channels).numpy()
-    except (tf.errors.OpError, ValueError):
-        return None
-
-
 def compare(data: bytes, channels: int) -> str:
     """'fast' (TF's pixels), 'fallback' (left to TF), 'fallback-rejected' (left to TF,
     which rejects it), or what went wrong."""
-    ref = tf_outcome(data, channels)
-    got = png_native.decode_png(data, channels)
-    if isinstance(got, Fallback):
-        return "fallback" if ref is not None else "fallback-rejected"
-    if ref is None:
-        return "NATIVE DECODES A FILE TF REJECTS"
-    if ref.shape != got.shape or ref.dtype != got.dtype or not np.array_equal(ref, got):
-        return "PIXELS DIFFER"
-    return "fast"
+    return png_outcome(png_native.decode_png, data, channels)
 
 
 def _check_all(named: list[tuple[str, bytes]]) -> collections.Counter:
@@ -97,15 +82,7 @@ def test_mutation_corpus_outcome_equals_tf():
 @pytest.mark.parametrize("filters", [(0,), (1,), (2,), (3,), (4,), (0, 1, 2, 3, 4)])
 @pytest.mark.parametrize("c", [1, 2, 3, 4])
 def test_photos_every_filter_type(filters, c):
-    rng = np.random.default_rng(len(filters) * 10 + c)
-    px = photo(rng, 375, 500)
-    if c == 4:
-        px = np.concatenate([px, rng.integers(0, 256, (375, 500, 1), dtype=np.uint8)], -1)
-    elif c == 2:
-        px = px[:, :, :2]
-    elif c == 1:
-        px = px[:, :, :1]
-    data = encode_png(px, filters)
+    data = photo_png(filters, c)
     for mode in MODES:
         assert compare(data, mode) == "fast", (filters, c, mode)
 

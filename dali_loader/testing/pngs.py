@@ -75,6 +75,18 @@ def photo(rng: np.random.Generator, h: int, w: int) -> np.ndarray:
     return np.clip(base, 0, 255).astype(np.uint8)
 
 
+def photo_png(filters, channels: int, h: int = 375, w: int = 500) -> bytes:
+    """A photo-like PNG of `channels` (1-4: grey, grey+alpha, RGB, RGBA; alpha is noise)
+    whose rows use `filters`, seeded by both: the exactness tests' "every filter type"."""
+    rng = np.random.default_rng(len(filters) * 10 + channels)
+    px = photo(rng, h, w)
+    if channels == 4:
+        px = np.concatenate([px, rng.integers(0, 256, (h, w, 1), dtype=np.uint8)], -1)
+    elif channels in (1, 2):
+        px = px[:, :, :channels]
+    return encode_png(px, filters)
+
+
 def replace_idat(png: bytes, idat: bytes) -> bytes:
     """`png` with its IDAT chunks replaced by one holding `idat` (CRC made valid)."""
     pos, head, tail, seen = 8, b"", b"", False
