@@ -163,3 +163,34 @@ def png_outcome(decode, data: bytes, channels: int) -> str:
     if ref.shape != got.shape or ref.dtype != got.dtype or not np.array_equal(ref, got):
         return "PIXELS DIFFER"
     return "fast"
+
+
+def refuses_flipped_idats(decode) -> int:
+    """Flips bits in a photo PNG's compressed IDAT bytes (chunk CRC fixed: only zlib's
+    Adler-32 or the Deflate stream can see it), 200 seeds; asserts `decode` falls back
+    (a `Fallback`) on every file TF refuses, and returns how many TF refused."""
+    import numpy as np
+
+    from dali_loader.decode.png_cpu import Fallback
+    from dali_loader.testing.mutate import mutate
+    from dali_loader.testing.pngs import encode_png, photo
+
+    good = encode_png(photo(np.random.default_rng(3), 40, 40), (4,))
+    refused = 0
+    for i in range(200):
+        bad = mutate(good, "idat_flip", np.random.default_rng(i))
+        if tf_outcome(bad, 3) is None:
+            refused += 1
+            assert isinstance(decode(bad, 3), Fallback), i
+    return refused
+
+
+def all_rows(ds):
+    """A labelled dataset's images and labels, every batch concatenated (numpy)."""
+    import numpy as np
+
+    xs, ys = [], []
+    for x, y in ds:
+        xs.append(x.numpy())
+        ys.append(y.numpy())
+    return np.concatenate(xs), np.concatenate(ys)

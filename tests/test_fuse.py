@@ -17,6 +17,7 @@ import pytest
 from dali_loader.testing.slowfuse import SlowMount, fuse_problem
 
 from conftest import _photo, save
+from helpers import all_rows
 
 keras = pytest.importorskip("keras")
 tf = pytest.importorskip("tensorflow")
@@ -54,25 +55,17 @@ def slow_mount(tmp_path_factory):
         mount.__exit__(None, None, None)
 
 
-def _rows(ds):
-    xs, ys = [], []
-    for x, y in ds:
-        xs.append(x.numpy())
-        ys.append(y.numpy())
-    return np.concatenate(xs), np.concatenate(ys)
-
-
 def test_fuse_mount_is_read_ahead_exactly_once_with_keras_pixels(slow_mount):
     src, mnt, m = slow_mount
     ds = ours(str(mnt), shuffle=False, **KW)
     loader = ds._dali_loader
     assert loader.source.kind is SourceKind.NETWORK_FS  # detected from /proc/mounts
     assert isinstance(loader.items, RawBytes)  # the feed reads, max_in_flight at once
-    want_x, want_y = _rows(keras.utils.image_dataset_from_directory(str(src), shuffle=False,
+    want_x, want_y = all_rows(keras.utils.image_dataset_from_directory(str(src), shuffle=False,
                                                                     **KW))
     for _ in range(2):  # every epoch: each file once, in Keras's order, Keras's pixels
         m.reset()
-        x, y = _rows(ds)
+        x, y = all_rows(ds)
         stats = m.stats()
         assert stats["opens"] == FILES, stats  # each file opened once in the epoch
         # Reads in flight, not one per core: the concurrency a 50 ms mount needs.
@@ -85,13 +78,13 @@ def test_fuse_mount_is_read_ahead_exactly_once_with_keras_pixels(slow_mount):
 def test_fuse_mount_shuffled_epochs_hold_every_file_once(slow_mount):
     src, mnt, m = slow_mount
     ds = ours(str(mnt), shuffle=True, seed=7, **KW)
-    want_x, want_y = _rows(keras.utils.image_dataset_from_directory(str(src), shuffle=False,
+    want_x, want_y = all_rows(keras.utils.image_dataset_from_directory(str(src), shuffle=False,
                                                                     **KW))
     want = sorted((int(l), x.tobytes()) for x, l in zip(want_x, want_y))
     orders = []
     for _ in range(2):
         m.reset()
-        x, y = _rows(ds)
+        x, y = all_rows(ds)
         assert m.stats()["opens"] == FILES
         assert sorted((int(l), r.tobytes()) for r, l in zip(x, y)) == want
         orders.append(y.tolist())

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from conftest import _photo, save
+from helpers import all_rows
 
 keras = pytest.importorskip("keras")
 tf = pytest.importorskip("tensorflow")
@@ -48,14 +49,6 @@ def linked_tree(tmp_path_factory) -> pathlib.Path:
     return root
 
 
-def _collect(ds):
-    xs, ys = [], []
-    for x, y in ds:
-        xs.append(x.numpy())
-        ys.append(y.numpy())
-    return np.concatenate(xs), np.concatenate(ys)
-
-
 @pytest.mark.parametrize("follow_links", [True, False])
 def test_follow_links_matches_keras_on_a_tree_with_symlinks(linked_tree, follow_links):
     """Same files, order, classes, labels and pixels (bit for bit, TF's kernels) as Keras,
@@ -73,7 +66,7 @@ def test_follow_links_matches_keras_on_a_tree_with_symlinks(linked_tree, follow_
         assert followed <= names and len(names) == 9
     else:
         assert not followed & names and len(names) == 6
-    (rx, ry), (gx, gy) = _collect(ref), _collect(got)
+    (rx, ry), (gx, gy) = all_rows(ref), all_rows(got)
     np.testing.assert_array_equal(gy, ry)
     np.testing.assert_array_equal(gx, rx)
 
