@@ -194,3 +194,17 @@ def all_rows(ds):
         xs.append(x.numpy())
         ys.append(y.numpy())
     return np.concatenate(xs), np.concatenate(ys)
+
+
+def collected(cond):
+    """`cond` as a `wait_for` condition that runs the garbage collector before each look:
+    an object is released once no thread still holds it (a read-ahead thread finishing
+    its read, TF's thread running an iterator's finalize), which a single `gc.collect()`
+    right after `del` can run before."""
+    import gc
+
+    def check() -> bool:
+        gc.collect()
+        return cond()
+
+    return check

@@ -15,7 +15,7 @@ import pytest
 tf = pytest.importorskip("tensorflow")
 
 from dali_loader.testing.fakegcs import Faults  # noqa: E402
-from helpers import batch_counter  # noqa: E402
+from helpers import batch_counter, collected, wait_for  # noqa: E402
 from tf_adapter import image_dataset_from_directory as ours  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
@@ -172,8 +172,7 @@ def test_dataset_garbage_collected_or_closed_releases_its_source(id_tree, gcs, t
     finalizer = ds._dali_loader.source._finalizer
     assert finalizer.alive
     del ds
-    gc.collect()
-    assert not finalizer.alive
+    wait_for(collected(lambda: not finalizer.alive))
 
 
 @pytest.fixture(scope="module")

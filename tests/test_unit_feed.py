@@ -15,7 +15,7 @@ from dali_loader.errors import CorruptImageError, UnreadableFileError
 from dali_loader.feed.epochs import Chunk, Feed, FeedEpoch
 from dali_loader.feed.order import epoch_order
 from dali_loader.index import Index
-from helpers import wait_for
+from helpers import collected, wait_for
 
 
 class Item:
@@ -326,7 +326,7 @@ def test_abandoned_epoch_is_released_when_collected(feeds):
     del epoch, chunk
     gc.collect()
     wait_for(reader.settled)
-    wait_for(lambda: not reader.unreleased())
+    wait_for(collected(lambda: not reader.unreleased()))
     assert reader.over_released() == []
     assert len(reader.calls) < 20  # reads stopped
 
