@@ -18,13 +18,16 @@ import logging
 import threading
 from pathlib import Path
 
+from dali_loader.decode.png_cpu import MAX_PIXELS
+
 logger = logging.getLogger(__name__)
 
 OP_LIBRARY = Path(__file__).resolve().parent.parent / "native" / "_build" / "dl_tf_png.so"
 BUILD_STEP = "python -m dali_loader.native.build_tf (part of `make install`)"
 # Above this many pixels the op leaves a PNG to TF's decoder before sizing any
-# allocation from its header (TF decodes it, or refuses it as Keras would).
-OP_MAX_PIXELS = 1 << 28
+# allocation from its header (TF decodes it, or refuses it as Keras would): the
+# core's envelope, named once in png_cpu (the op's attribute default is the same).
+OP_MAX_PIXELS = MAX_PIXELS
 
 _lock = threading.Lock()
 _ops = None
