@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import pathlib
 import shutil
+import sys
+import traceback
+import weakref
 
 import numpy as np
 import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# DALI_LOADER_GC_STRESS=N collects every N allocations (Python's default: 700), so that
+# finalizers run in odd threads at odd moments: a stress run for `_collector_not_stuck`.
+if os.environ.get("DALI_LOADER_GC_STRESS"):
+    gc.set_threshold(int(os.environ["DALI_LOADER_GC_STRESS"]), 2, 2)
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 # PngSuite is an extra corpus where present; DALI_LOADER_PNGSUITE points elsewhere (a missing
@@ -170,3 +178,31 @@ def gcs(serve):
     from dali_loader.testing.fakegcs import FakeGCS
 
     return lambda root, **kw: serve(FakeGCS.from_directory(str(root), **kw))
+
+
+class _Cycle:
+    pass
+
+
+def _collector_stuck() -> bool:
+    """Whether a reference cycle made now survives a collection: CPython runs one
+    collection at a time, so a finalizer blocked in some thread stops all of them."""
+    c = _Cycle()
+    c.me = c
+    ref = weakref.ref(c)
+    del c
+    gc.collect(0)
+    return ref() is not None
+
+
+@pytest.fixture(autouse=True)
+def _collector_not_stuck():
+    """Fails the test after which the garbage collector no longer collects, with every
+    thread's stack (the blocked finalizer is in one of them; dali_loader/reaper.py)."""
+    yield
+    if _collector_stuck():
+        stacks = "\n".join(f"--- thread {tid}\n" + "".join(traceback.format_stack(frame))
+                           for tid, frame in sys._current_frames().items())
+        pytest.fail("The garbage collector is stuck: a finalizer waits in some thread, "
+                    "inside a collection, so no reference cycle is freed any more.\n" + stacks,
+                    pytrace=False)

@@ -17,7 +17,6 @@ import functools
 import logging
 import threading
 import time
-import weakref
 from collections.abc import Iterator
 from typing import Any, NamedTuple
 
@@ -30,6 +29,7 @@ from dali_loader.feed.order import epoch_order, shard_of, shard_size
 from dali_loader.feed.policy import EpochErrors, SkipReport, check_on_error
 from dali_loader.feed.readahead import ReadAhead
 from dali_loader.index import Index
+from dali_loader.reaper import Finalizer
 
 logger = logging.getLogger(__name__)
 
@@ -112,7 +112,8 @@ class Feed:
             self._reader = ReadAhead(items, self.max_in_flight, window)
         if source is not None:
             source.acquire()
-        self._finalizer = weakref.finalize(self, _release, self._reader, source)
+        # Collected: released on the reaper's thread, never inside the collector (reaper.py).
+        self._finalizer = Finalizer(self, _release, self._reader, source)
         track(self)  # its reads stop when the interpreter exits
         # Per epoch, bounded: set-up before the first chunk is asked for.
         self.epoch_setup_seconds: collections.deque[float] = collections.deque(maxlen=1000)
@@ -240,7 +241,9 @@ class FeedEpoch:
         self._holds = getattr(feed.items, "holds", True)
         self._paths = feed.index.paths
         self._held: dict[int, Any] = {}  # position -> item not yet released
-        self._lock = threading.Lock()
+        # Re-entrant: a generator that owns this epoch may be collected, and run its
+        # `finally: epoch.close()`, in a thread that is inside `release` here.
+        self._lock = threading.RLock()
         order = self.order.tolist()
         # A positional reader (the GPU-ready cache's) takes index positions, not paths.
         keys = order if getattr(self._items, "positional", False) else (self._paths[p] for p in order)

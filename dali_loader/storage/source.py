@@ -14,8 +14,8 @@ import enum
 import os
 import posixpath
 import threading
-import weakref
 
+from dali_loader.reaper import Finalizer
 from dali_loader.storage.local import (
     local_subdirs,
     on_network_fs,
@@ -59,7 +59,8 @@ class Source:
         self._lock = threading.Lock()
         self._cache_args = (cache_dir, cache_max_bytes)
         self._local_caches: list = []  # at most one, closed with the source
-        self._finalizer = weakref.finalize(self, _close, remote, self._local_caches)
+        # Collected: closed on the reaper's thread, never inside the collector (reaper.py).
+        self._finalizer = Finalizer(self, _close, remote, self._local_caches)
 
     def forget_listing(self) -> None:
         """Drops `rel_files` once an index holds the paths (about 80 bytes per file)."""
