@@ -62,8 +62,11 @@ fuse-lib:
 demo: install
 	$(VPY) benchmarks/demo.py
 
+# The seed pipeline, this loader (TF kernels; DALI on the CPU) and the decode-only bound, on
+# 600 sample PNGs written into out/bench-data the first time (docs/benchmarks.md).
 bench: install
-	$(VPY) benchmarks/bench_local.py
+	$(VPY) -m dali_loader.tools.cli bench out/bench-data --sample 600 --rounds 3 \
+		--only seed loader-cpu loader-dali decode-bound --out out/bench
 
 # The GPU-ready cache's GPU decode check (benchmarks/gpu_ready_check/README.md): prepares the
 # wheels and data here, then runs the check where a GPU and Python 3.12 are, or else prints
