@@ -73,7 +73,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{'loader':<14} {'CPU ms/img best':>15} {'median':>7} {'faults/img':>10} {'RSS growth MB':>13}")
         for name, kind, env in runs:
             r = harness.run_child([os.path.abspath(__file__), "--child", kind, root,
-                                   str(args.size), str(args.epochs)], env, base=base)
+                                   str(args.size), str(args.epochs)], env, base=base,
+                                  quiet=True)
             print(f"{name:<14} {min(r['cpu']):15.3f} {statistics.median(r['cpu']):7.3f} "
                   f"{statistics.median(r['faults']):10.1f} {r['rss'][-1] - r['rss'][5]:13.1f}",
                   flush=True)

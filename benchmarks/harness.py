@@ -40,7 +40,7 @@ MALLOC_TUNABLES = ("glibc.malloc.mmap_threshold=268435456:glibc.malloc.trim_thre
 MALLOC_SETTINGS = ("default", "tuned")
 SAMPLE_SIZE = (375, 500)  # (height, width) of the sample dataset's photo-like PNGs
 
-__all__ = ["ROOT", "MALLOC_TUNABLES", "Epoch", "ab_main", "banner", "command_line", "cpu_seconds",
+__all__ = ["ROOT", "MALLOC_SETTINGS", "MALLOC_TUNABLES", "Epoch", "ab_main", "banner", "command_line", "cpu_seconds",
            "dali_decode_rate", "epoch", "fake_gcs", "malloc_env", "minor_faults", "parser", "photo_pngs",
            "rss_bytes", "run_child", "sample_data", "span", "status_kib", "timed_epoch",
            "tiny_tree", "write_json"]
@@ -286,10 +286,12 @@ def _child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def run_child(args: Sequence[str], env: dict[str, str] | None = None,
-              timeout: float | None = 900, base: dict[str, str] | None = None) -> dict:
+              timeout: float | None = 900, base: dict[str, str] | None = None,
+              quiet: bool = False) -> dict:
     """Runs ``python ARGS OUT`` in a fresh process (OUT: a new file, the last argument), in
     this environment (or ``base``) with ``env`` on top; returns the JSON it wrote to OUT,
-    plus ``seconds`` (the child's wall time). Raises RuntimeError with its stderr's tail."""
+    plus ``seconds`` (the child's wall time). Its stdout passes through unless ``quiet``.
+    Raises RuntimeError with its stderr's tail."""
     fd, out = tempfile.mkstemp(suffix=".json", prefix="bench-child-")
     os.close(fd)
     try:
@@ -297,6 +299,7 @@ def run_child(args: Sequence[str], env: dict[str, str] | None = None,
         full = _child_env(env) if base is None else {**base, **(env or {}),
                                                      "PYTHONPATH": _child_env()["PYTHONPATH"]}
         proc = subprocess.run([sys.executable, *args, out], env=full, cwd=ROOT, timeout=timeout,
+                              stdout=subprocess.DEVNULL if quiet else None,
                               stderr=subprocess.PIPE, text=True)
         if proc.returncode:
             raise RuntimeError(f"Child process {args[:2]} failed ({proc.returncode}):\n"

@@ -47,6 +47,14 @@ def test_every_script_has_a_smoke_test():
     assert not missing, f"benchmarks without a smoke run in {__file__}: {missing}"
 
 
+def test_library_never_imports_the_benchmarks():
+    """dali_loader (its core and its tools) and tf_adapter import nothing from benchmarks/."""
+    rx = re.compile(r"^\s*(from|import)\s+(benchmarks|harness)\b", re.M)
+    offenders = [str(p.relative_to(REPO)) for d in ("dali_loader", "tf_adapter")
+                 for p in (REPO / d).rglob("*.py") if rx.search(p.read_text())]
+    assert not offenders, offenders
+
+
 def test_bench_cli_decode_bound_and_dali_rows(tmp_path):
     """`make bench`'s rows (what benchmarks/bench_local.py printed): the seed, the CPU
     default, decoder='dali' on the CPU and the decode-only bound, with their ratios."""
