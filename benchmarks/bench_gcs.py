@@ -98,7 +98,8 @@ def main(argv: list[str] | None = None) -> int:
                                   size=(int(args.size * 0.9), int(args.size * 1.1)), seed=0)
         names = sorted(files)
         rows = []
-        with harness.fake_gcs("--root", os.path.join(tmp, "tree"), "--latency", str(args.latency)) as (url, pid):
+        with harness.fake_gcs("--root", os.path.join(tmp, "tree"),
+                              "--latency", str(args.latency)) as (url, pid):
             os.environ["STORAGE_EMULATOR_HOST"] = url
             seed_s = None if args.skip_seed else seed_style(names)
             with open_remote("gs://b", cache_dir=os.path.join(tmp, "cache"), max_in_flight=args.threads) as src:

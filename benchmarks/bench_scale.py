@@ -130,7 +130,8 @@ def child_gcs(kind: str, url: str, cache: str, out: str) -> None:
                   manifest="refresh" if kind == "ours_first" else "use")
         n = len(ds.file_paths)
     wall, used = time.perf_counter() - t, harness.cpu_seconds() - c
-    harness.write_json(out, {"kind": kind, "objects": n, "s": wall, "cpu_us_obj": 1e6 * used / max(n, 1)})
+    harness.write_json(out, {"kind": kind, "objects": n, "s": wall,
+                             "cpu_us_obj": 1e6 * used / max(n, 1)})
 
 
 def run_child(args: list[str], env: dict | None = None) -> dict:

@@ -40,10 +40,10 @@ MALLOC_TUNABLES = ("glibc.malloc.mmap_threshold=268435456:glibc.malloc.trim_thre
 MALLOC_SETTINGS = ("default", "tuned")
 SAMPLE_SIZE = (375, 500)  # (height, width) of the sample dataset's photo-like PNGs
 
-__all__ = ["ROOT", "MALLOC_SETTINGS", "MALLOC_TUNABLES", "Epoch", "ab_main", "banner", "command_line", "cpu_seconds",
-           "dali_decode_rate", "epoch", "fake_gcs", "malloc_env", "minor_faults", "parser", "photo_pngs",
-           "rss_bytes", "run_child", "sample_data", "span", "status_kib", "timed_epoch",
-           "tiny_tree", "write_json"]
+__all__ = ["ROOT", "MALLOC_SETTINGS", "MALLOC_TUNABLES", "Epoch", "ab_main", "banner",
+           "command_line", "cpu_seconds", "dali_decode_rate", "epoch", "fake_gcs", "malloc_env",
+           "minor_faults", "parser", "photo_pngs", "rss_bytes", "run_child", "sample_data",
+           "span", "status_kib", "timed_epoch", "tiny_tree", "write_json"]
 
 
 # ------------------------------------------------------------------------ flags
