@@ -297,8 +297,8 @@ def _pipelines(source: str, batch_size: int, image_size: Sequence[int],
                         png, device=device, decoder=decoder, gpu_ready=None)).value
                     # What image_dataset_from_directory builds: PNGs decoded by
                     # `png_decoder`, the resize by TF's kernels on the CPU, DALI on the
-                    # GPU; the loader does the I/O either way. Cached: through the
-                    # GPU-ready cache, in its own folder.
+                    # GPU and in loader-dali; the loader does the I/O either way. Cached:
+                    # through the GPU-ready cache, in its own folder.
                     where = (ready_dir(tag) if ready else
                              None if cache_dir is None else os.path.join(cache_dir, tag))
                     loader = open_dataset(source, batch_size=batch_size,
