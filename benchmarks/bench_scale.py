@@ -69,16 +69,10 @@ def child_local(kind: str, n: int, data: str, cache: str, out: str) -> None:
     res = {"kind": kind, "n": n, "construct_s": time.perf_counter() - t}
     res["bytes_per_file_built"] = (settled_rss() - base) / n
     epochs = []
-    for e in range(3 if kind == "ours_ready" else 2):
-        t, c = time.perf_counter(), harness.cpu_seconds()
-        it = iter(ds)
-        next(it)
-        first = time.perf_counter() - t
-        count = BATCH + sum(int(x.shape[0]) for x, _ in it)
-        wall, used = time.perf_counter() - t, harness.cpu_seconds() - c
-        del it
-        epochs.append({"first_batch_s": first, "img_s": count / wall, "cpu_ms_img": 1e3 * used / count,
-                       "images": count, "bytes_per_file": (settled_rss() - base) / n})
+    for _ in range(3 if kind == "ours_ready" else 2):
+        e = harness.epoch(ds, kind)
+        epochs.append({"first_batch_s": e.first_batch_s, "img_s": e.img_s, "cpu_ms_img": e.cpu_ms,
+                       "images": e.images, "bytes_per_file": (settled_rss() - base) / n})
     res["epochs"] = epochs
     harness.write_json(out, res)
 
@@ -97,14 +91,13 @@ def child_turns(n: int, data: str, cache: str, rounds: int, out: str) -> None:
                "ours": ours(data, **kw),
                "ours_ready": ours(data, gpu_ready=True, cache_dir=cache, **kw)}
     for ds in loaders.values():  # warm: graphs traced, the cache filled
-        sum(int(x.shape[0]) for x, _ in ds)
+        harness.epoch(ds)
     cpu_ms: dict[str, list[float]] = {k: [] for k in loaders}
     for _ in range(rounds):
         for kind, ds in loaders.items():
-            c = harness.cpu_seconds()
-            count = sum(int(x.shape[0]) for x, _ in ds)
-            assert count == n, (kind, count)
-            cpu_ms[kind].append(1e3 * (harness.cpu_seconds() - c) / count)
+            e = harness.epoch(ds, kind)
+            assert e.images == n, (kind, e.images)
+            cpu_ms[kind].append(e.cpu_ms)
     harness.write_json(out, cpu_ms)
 
 

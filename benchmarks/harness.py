@@ -5,8 +5,8 @@ probes, child processes that answer in JSON, and the timed epoch.
 Scripts import it as ``import harness`` (``benchmarks/`` is their ``sys.path[0]``); the
 import puts this checkout's root first on ``sys.path``, so the code timed is this
 checkout's. The timed epoch is ``dali_loader.tools.bench.timed_epoch`` (what
-``dali-loader bench`` runs); :func:`epoch` adds the time to the first batch and page
-faults. Nothing in ``dali_loader`` imports this module.
+``dali-loader bench`` runs); :func:`epoch` adds the page faults and per-image figures.
+Nothing in ``dali_loader`` imports this module.
 """
 
 from __future__ import annotations
@@ -217,8 +217,12 @@ class Epoch:
     """One timed epoch (``stats``: ``timed_epoch``'s) with what some reports add."""
 
     stats: RunStats
-    first_batch_s: float  # from the iterator's creation to the first batch
     faults: int  # minor page faults during the epoch
+
+    @property
+    def first_batch_s(self) -> float:
+        """From the iterator's creation to the first batch."""
+        return self.stats.first_batch_s
 
     @property
     def img_s(self) -> float:
@@ -244,16 +248,10 @@ class Epoch:
 
 
 def epoch(data: Iterable, name: str = "epoch", max_batches: int | None = None) -> Epoch:
-    """One pass over ``data`` (no step) by ``timed_epoch``, with the first batch's time and
-    the page faults."""
-    t0, f0, first = time.perf_counter(), minor_faults(), []
-
-    def mark() -> None:
-        if not first:
-            first.append(time.perf_counter() - t0)
-
-    stats = timed_epoch(name, data, 0.0, max_batches, on_batch=mark)
-    return Epoch(stats, first[0] if first else 0.0, minor_faults() - f0)
+    """One pass over ``data`` (no step) by ``timed_epoch``, with the page faults."""
+    f0 = minor_faults()
+    stats = timed_epoch(name, data, 0.0, max_batches)
+    return Epoch(stats, minor_faults() - f0)
 
 
 def dali_decode_rate(paths: Sequence[str], num_threads: int, batch: int = 128) -> float:

@@ -66,6 +66,7 @@ class RunStats:
     first_wait_s: float = 0.0  # the first batch: pipeline start-up, cold caches
     complete: bool = True  # the epoch ran to its end (not cut short by max_batches)
     cpu_decodes: int | None = None  # images decoded on the CPU in this (complete) epoch
+    first_batch_s: float = 0.0  # from iter(data) to the first batch (first_wait_s and iter())
 
     @property
     def img_s(self) -> float:
@@ -131,7 +132,7 @@ def timed_epoch(name: str, data: Iterable, step_time: float, max_batches: int | 
         raise ValueError(f"step_time must be >= 0. Received: step_time={step_time}")
     cores = os.cpu_count() or 1
     images = batches = 0
-    wait = first = 0.0
+    wait = first = first_batch = 0.0
     complete = False
     c0, t0 = _cpu_time(), time.perf_counter()
     it = iter(data)
@@ -145,7 +146,7 @@ def timed_epoch(name: str, data: Iterable, step_time: float, max_batches: int | 
         waited = time.perf_counter() - w0
         wait += waited
         if batches == 0:
-            first = waited
+            first, first_batch = waited, time.perf_counter() - t0
         images += _num_images(batch)
         batches += 1
         if step_time:
@@ -154,7 +155,7 @@ def timed_epoch(name: str, data: Iterable, step_time: float, max_batches: int | 
             on_batch()
     wall = time.perf_counter() - t0
     return RunStats(name, round_index, images, batches, wall, wait, _cpu_time() - c0, cores,
-                    first, complete)
+                    first, complete, first_batch_s=first_batch)
 
 
 def summarize(runs: Sequence[RunStats], extras: dict[str, dict[str, Any]] | None = None
