@@ -55,6 +55,36 @@ def test_library_never_imports_the_benchmarks():
     assert not offenders, offenders
 
 
+@pytest.fixture(scope="module")
+def harness():
+    """benchmarks/harness.py, imported as the scripts import it."""
+    sys.path.insert(0, str(BENCH))
+    try:
+        import harness as module
+    finally:
+        sys.path.remove(str(BENCH))
+    return module
+
+
+def test_harness_epoch_child_and_malloc(harness):
+    """The shared pieces on their own: the timed epoch counts images and times the first
+    batch; a child's JSON comes back, its failure is raised with its stderr; the malloc
+    settings are the two named."""
+    import numpy as np
+
+    e = harness.epoch([(np.zeros((3, 2)), None), (np.zeros((2, 2)), None)])
+    assert (e.images, e.stats.batches, e.stats.complete) == (5, 2, True)
+    assert 0 <= e.first_batch_s <= e.stats.wall_s and e.cpu_ms >= 0
+    code = "import json, sys; json.dump({'a': 1}, open(sys.argv[-1], 'w'))"
+    assert harness.run_child(["-c", code])["a"] == 1
+    with pytest.raises(RuntimeError, match="boom"):
+        harness.run_child(["-c", "raise SystemExit('boom')"])
+    assert harness.malloc_env("tuned") == {"GLIBC_TUNABLES": harness.MALLOC_TUNABLES}
+    assert harness.malloc_env("default") == {}
+    with pytest.raises(ValueError, match="Received: which='fast'"):
+        harness.malloc_env("fast")
+
+
 def test_bench_cli_decode_bound_and_dali_rows(tmp_path):
     """`make bench`'s rows (what benchmarks/bench_local.py printed): the seed, the CPU
     default, decoder='dali' on the CPU and the decode-only bound, with their ratios."""
