@@ -62,33 +62,36 @@ fuse-lib:
 demo: install
 	$(VPY) benchmarks/demo.py
 
+# The seed pipeline, this loader (TF kernels; DALI on the CPU) and the decode-only bound, on
+# 600 sample PNGs written into out/bench-data the first time (docs/benchmarks.md).
 bench: install
-	$(VPY) benchmarks/bench_local.py
+	$(VPY) -m dali_loader.tools.cli bench out/bench-data --sample 600 --rounds 3 \
+		--only seed loader-cpu loader-dali decode-bound --out out/bench
 
-# The GPU-ready cache's GPU decode check (benchmarks/gpu_ready_check/README.md): prepares the
+# The GPU-ready cache's GPU decode check (device_checks/gpu_ready_check/README.md): prepares the
 # wheels and data here, then runs the check where a GPU and Python 3.12 are, or else prints
 # the device tool's call.
 gpu-check: install
-	$(VPY) benchmarks/gpu_ready_check/prepare.py
+	$(VPY) device_checks/gpu_ready_check/prepare.py
 	@if nvidia-smi -L >/dev/null 2>&1 && python3 -c 'import sys, numpy; sys.exit(sys.version_info[:2] != (3, 12))' 2>/dev/null; then \
-		bash benchmarks/gpu_ready_check/run_on_device.sh; \
+		bash device_checks/gpu_ready_check/run_on_device.sh; \
 	else \
 		echo "No GPU with Python 3.12 and numpy here. The device tool's call (run):"; \
-		$(VPY) benchmarks/gpu_ready_check/prepare.py --print-device-call; \
+		$(VPY) device_checks/gpu_ready_check/prepare.py --print-device-call; \
 	fi
 
-# The batched GPU PNG decoder's check (benchmarks/png_gpu_check/README.md): prepares the nvCOMP
+# The batched GPU PNG decoder's check (device_checks/png_gpu_check/README.md): prepares the nvCOMP
 # wheels and the data here, then runs the check where a GPU and Python 3.12 are, or else
 # prints the device tool's call.
 gpu-check-png: install
-	$(VPY) benchmarks/png_gpu_check/prepare.py
+	$(VPY) device_checks/png_gpu_check/prepare.py
 	@GPU_PY312='import sys, numpy, numba, cupy; sys.exit(sys.version_info[:2] != (3, 12))'; \
-	if nvidia-smi -L >/dev/null 2>&1 && python3 -c "$$GPU_PY312" 2>/dev/null; then bash benchmarks/png_gpu_check/run_on_device.sh; \
-	else echo "No GPU with Python 3.12, numba-cuda and CuPy here. The device tool's call (run):"; $(VPY) benchmarks/png_gpu_check/prepare.py --print-device-call; fi
+	if nvidia-smi -L >/dev/null 2>&1 && python3 -c "$$GPU_PY312" 2>/dev/null; then bash device_checks/png_gpu_check/run_on_device.sh; \
+	else echo "No GPU with Python 3.12, numba-cuda and CuPy here. The device tool's call (run):"; $(VPY) device_checks/png_gpu_check/prepare.py --print-device-call; fi
 
 # The TF + DALI GPU check: GPU tests, local and gs:// benchmarks on the GPU path.
 gpu-check-tf: install
-	bash benchmarks/gpu_check.sh
+	bash device_checks/gpu_check.sh
 
 clean:
 	rm -rf $(VENV) build *.egg-info

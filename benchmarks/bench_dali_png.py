@@ -27,13 +27,11 @@ and the ratios.
 from __future__ import annotations
 
 import os
+import statistics
 import sys
 import time
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from malloc_ab import ab_main  # noqa: E402
+import harness
 
 STAGE = ("dali-libpng", "native-op")
 EPOCHS = ("libpng", "native", "wuffs")
@@ -90,8 +88,6 @@ def make_dataset(data: str, which: str):
 def run_one(data: str, rounds: int, stage: bool = True) -> dict:
     import numpy as np
 
-    from dali_loader.tools.bench import timed_epoch
-
     paths = sorted(os.path.join(d, f) for d, _, fs in os.walk(data) for f in fs)
     blobs = [np.fromfile(p, np.uint8) for p in paths]
     n_full = len(blobs) - len(blobs) % BATCH  # whole batches only
@@ -112,16 +108,16 @@ def run_one(data: str, rounds: int, stage: bool = True) -> dict:
     assert not datasets["libpng"]._dali_loader.png_native
     assert not datasets["wuffs"]._dali_loader.png_native
     for ds in datasets.values():  # warm up: tracing, pools, page cache
-        timed_epoch("warm-up", ds, 0.0, max_batches=1)
+        harness.timed_epoch("warm-up", ds, 0.0, max_batches=1)
     for r in range(rounds):
         for k, (p, n) in pipes.items():
             rate, cpu = stage_rate(p, n, n_full)
             out["stage"][k].append(rate)
             out["cpu_ms"][k].append(cpu)
         for k in EPOCHS:
-            s = timed_epoch(k, datasets[k], 0.0)
-            out["epochs"][k].append(s.img_s)
-            out["cpu_ms"][k].append(1e3 * s.cpu_s / s.images)
+            e = harness.epoch(datasets[k], k)
+            out["epochs"][k].append(e.img_s)
+            out["cpu_ms"][k].append(e.cpu_ms)
         out["png_native"].append(datasets["native"]._dali_loader.epoch_stats[-1]
                                  .get("png_native", 0))
         print(f"  round {r + 1}: " + ", ".join(
@@ -133,13 +129,7 @@ def run_one(data: str, rounds: int, stage: bool = True) -> dict:
 
 def report(name: str, res: dict) -> None:
     st, ep, cpu = res["stage"], res["epochs"], res["cpu_ms"]
-
-    def span(v):
-        return f"{max(v):7.1f} ({min(v):.1f}-{max(v):.1f})"
-
-    def median(v):
-        v = sorted(v)
-        return (v[len(v) // 2] + v[(len(v) - 1) // 2]) / 2
+    span, median = harness.span, statistics.median
 
     print(f"\n## {name}: images/s, best (range) of {len(ep['libpng'])} alternating rounds; "
           "CPU ms per image (all threads), lowest")
@@ -163,12 +153,13 @@ def report(name: str, res: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return ab_main(__file__, __doc__.split("\n")[0],
-                   lambda args: run_one(args.data, args.rounds, stage=not args.no_stage),
-                   report, argv,
-                   add_args=lambda ap: ap.add_argument("--no-stage", action="store_true",
-                                                       help="epochs only"),
-                   child_args=lambda args: ["--no-stage"] if args.no_stage else [])
+    return harness.ab_main(
+        __file__, __doc__,
+        lambda args: run_one(args.data, args.rounds, stage=not args.no_stage),
+        report, argv,
+        add_args=lambda ap: ap.add_argument("--no-stage", action="store_true",
+                                            help="epochs only"),
+        child_args=lambda args: ["--no-stage"] if args.no_stage else [])
 
 
 if __name__ == "__main__":

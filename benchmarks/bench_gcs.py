@@ -13,44 +13,18 @@ The server runs in its own process so it does not share the GIL with the client.
 
 from __future__ import annotations
 
-import argparse
 import concurrent.futures as cf
-import contextlib
-import json
 import logging
 import os
-import subprocess
 import sys
 import tempfile
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
-
-from dali_loader.testing.fakegcs import write_random_tree  # noqa: E402
-from dali_loader.storage.remote import open_remote  # noqa: E402
+import harness
+from dali_loader.testing.fakegcs import write_random_tree
+from dali_loader.storage.remote import open_remote
 
 log = logging.getLogger("bench_gcs")
-
-
-@contextlib.contextmanager
-def fake_server(*args: str):
-    """Start ``python -m dali_loader.testing.fakegcs ARGS``; yields (endpoint, pid)."""
-    env = dict(os.environ, PYTHONPATH=REPO)
-    proc = subprocess.Popen([sys.executable, "-m", "dali_loader.testing.fakegcs", *args], env=env, cwd=REPO,
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    try:
-        line = proc.stdout.readline()
-        if not line.startswith("FAKEGCS_URL "):
-            raise RuntimeError(f"fake server did not start: {line!r}")
-        yield line.split()[1], proc.pid
-    finally:
-        proc.stdin.close()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def seed_style(names: list[str]) -> float:
@@ -81,12 +55,6 @@ def threaded(fn, items, threads: int) -> tuple[float, int]:
     return time.perf_counter() - start, total
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` so far (Linux)."""
-    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def read_local(path: str) -> bytes:
     with open(path, "rb") as f:
         return f.read()
@@ -94,38 +62,26 @@ def read_local(path: str) -> bytes:
 
 _RSS_CHILD = r"""
 import json, sys
+from harness import status_kib  # VmRSS: now; VmHWM: peak of this process image
 from dali_loader.storage.remote import open_remote
-def kib(field):  # VmRSS: now; VmHWM: peak of this process image (ru_maxrss survives exec)
-    return int(open("/proc/self/status").read().split(field + ":")[1].split()[0])
 src = open_remote("gs://b/synthetic", cache_dir=sys.argv[1])
-base = kib("VmRSS")
+base = status_kib("VmRSS")
 objs = src.list_objects()
-print(json.dumps({"objects": len(objs), "base_kib": base, "after_kib": kib("VmRSS"), "peak_kib": kib("VmHWM")}))
+with open(sys.argv[-1], "w") as f:
+    json.dump({"objects": len(objs), "base_kib": base, "after_kib": status_kib("VmRSS"),
+               "peak_kib": status_kib("VmHWM")}, f)
 """
 
 
 def listing_rss(n: int, tmp: str) -> dict:
     """Peak RSS of a fresh process around list_objects() of an ``n``-object listing."""
-    with fake_server("--synthetic", str(n)) as (url, _):
-        env = dict(os.environ, STORAGE_EMULATOR_HOST=url, PYTHONPATH=REPO)
-        return run_json_child(_RSS_CHILD, [os.path.join(tmp, "rss-cache")], env)
-
-
-def run_json_child(code: str, args: list[str], env: dict) -> dict:
-    """Runs ``python -c code *args`` in a fresh process; the JSON of its last stdout
-    line, plus ``seconds`` (wall time of the whole child)."""
-    start = time.perf_counter()
-    out = subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True, check=False,
-                         text=True, timeout=600)
-    if out.returncode:
-        raise RuntimeError(f"Child process failed:\n{out.stderr[-2000:]}")
-    res = json.loads(out.stdout.strip().splitlines()[-1])
-    res["seconds"] = time.perf_counter() - start
-    return res
+    with harness.fake_gcs("--synthetic", str(n)) as (url, _):
+        return harness.run_child(["-c", _RSS_CHILD, os.path.join(tmp, "rss-cache")],
+                                 {"STORAGE_EMULATOR_HOST": url}, timeout=600)
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = harness.parser(__doc__)
     p.add_argument("--objects", type=int, default=300)
     p.add_argument("--size", type=int, default=100_000, help="mean object size in bytes")
     p.add_argument("--latency", type=float, default=0.05, help="seconds per request")
@@ -135,7 +91,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--skip-seed", action="store_true", help="skip the (slow) tf.data seed-style run")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
     with tempfile.TemporaryDirectory(prefix="bench_gcs.") as tmp:
         per = max(1, args.objects // 3)
@@ -143,15 +98,17 @@ def main(argv: list[str] | None = None) -> int:
                                   size=(int(args.size * 0.9), int(args.size * 1.1)), seed=0)
         names = sorted(files)
         rows = []
-        with fake_server("--root", os.path.join(tmp, "tree"), "--latency", str(args.latency)) as (url, pid):
+        with harness.fake_gcs("--root", os.path.join(tmp, "tree"),
+                              "--latency", str(args.latency)) as (url, pid):
             os.environ["STORAGE_EMULATOR_HOST"] = url
             seed_s = None if args.skip_seed else seed_style(names)
             with open_remote("gs://b", cache_dir=os.path.join(tmp, "cache"), max_in_flight=args.threads) as src:
                 objs = [o for o in src.list_objects() if not o.rel.endswith("/")]
-                cpu0, srv0 = cpu_seconds(os.getpid()), cpu_seconds(pid)
+                cpu0, srv0 = harness.cpu_seconds(), harness.cpu_seconds([pid])
                 cold_s, cold_b = threaded(src.fetch, objs, args.threads)
                 src.flush()
-                cpu = ((cpu_seconds(os.getpid()) - cpu0) / len(objs), (cpu_seconds(pid) - srv0) / len(objs))
+                cpu = ((harness.cpu_seconds() - cpu0) / len(objs),
+                       (harness.cpu_seconds([pid]) - srv0) / len(objs))
                 paths = [os.path.join(tmp, "tree", n) for n in names]
                 warm_s = local_s = float("inf")
                 for _ in range(args.repeat):  # alternate; best of --repeat (short runs are noisy)

@@ -16,7 +16,7 @@ every request). Every timed pipeline runs in this one process, at 244x244 and ba
   untimed warm epoch), alternated with ``loader local``, the same call on the local copy of the
   folder (``--rounds`` rounds; the ratio is the median of the per-round ratios);
 * ``decode-only``: DALI ``decoders.image`` on the local copy, no resize
-  (``bench_local.decode_dali``), measured in the same run.
+  (``harness.dali_decode_rate``), measured in the same run.
 
 ``--decode-threads N`` (default: all cores) sets the decode-only pipeline's threads and every
 loader's ``num_threads`` (its parallel decodes); the seed pipeline is left as the question wrote it.
@@ -31,24 +31,15 @@ index (``api.open_index``: ``open_source`` + ``build_index``, no decode) and rep
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
 import tempfile
 import time
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
-sys.path[:0] = [REPO, HERE]
-
-from bench_gcs import cpu_seconds, fake_server, run_json_child  # noqa: E402
-from bench_local import decode_dali  # noqa: E402
-
-from dali_loader.tools.baselines import list_pngs, seed_pipeline  # noqa: E402
-from dali_loader.tools.bench import timed_epoch  # noqa: E402
-from dali_loader.tools.sample import make_sample_dataset  # noqa: E402
+import harness
+from dali_loader.tools.baselines import list_pngs, seed_pipeline
+from dali_loader.tools.sample import make_sample_dataset
 
 CORES = os.cpu_count() or 1
 BATCH = 128
@@ -57,19 +48,20 @@ SIZE = (244, 244)
 _RSS_CHILD = r"""
 import gc, json, sys
 import google.cloud.storage  # imports and first client outside the measured span
+from harness import status_kib  # VmRSS: now; VmHWM: peak of this process
 from dali_loader.api import open_index
-
-def kib(field):  # VmRSS: now; VmHWM: peak of this process
-    return int(open("/proc/self/status").read().split(field + ":")[1].split()[0])
 
 cache = sys.argv[1]
 open_index("gs://b/data", cache_dir=cache)[0].close()  # warm the code paths on a small listing
 gc.collect()
-base = kib("VmRSS")
+base = status_kib("VmRSS")
 listing, index = open_index("gs://b/synthetic", cache_dir=cache, shuffle=True, seed=1)
 gc.collect()
-print(json.dumps({"objects": len(listing.rel_files), "indexed": len(index), "base_kib": base,
-                  "after_kib": kib("VmRSS"), "peak_kib": kib("VmHWM")}))
+# The source drops its listing once the index holds the paths (Source.forget_listing):
+# every synthetic object is an image, so the index counts them all.
+with open(sys.argv[-1], "w") as f:
+    json.dump({"objects": len(index), "indexed": len(index), "base_kib": base,
+               "after_kib": status_kib("VmRSS"), "peak_kib": status_kib("VmHWM")}, f)
 """
 
 
@@ -83,7 +75,7 @@ def loader_dataset(source: str, **kw):
 
 def epoch_rate(name: str, ds) -> float:
     """images/s of one full epoch of ``ds``."""
-    return timed_epoch(name, ds, 0.0).img_s
+    return harness.epoch(ds, name).img_s
 
 
 def cold_run(url: str, cache_dir: str, server_pid: int, **kw) -> dict:
@@ -99,9 +91,9 @@ def cold_run(url: str, cache_dir: str, server_pid: int, **kw) -> dict:
     t0 = time.perf_counter()
     ds = loader_dataset(url, cache_dir=cache_dir, **kw)
     listing_s = time.perf_counter() - t0
-    srv0 = cpu_seconds(server_pid)
-    stats = timed_epoch("loader cold", ds, 0.0)
-    server_cpu = cpu_seconds(server_pid) - srv0
+    srv0 = harness.cpu_seconds([server_pid])
+    stats = harness.epoch(ds, "loader cold").stats
+    server_cpu = harness.cpu_seconds([server_pid]) - srv0
     loader = ds._dali_loader
     build_s = loader.epoch_setup_seconds[0] if loader.epoch_setup_seconds else 0.0
     loader.close()
@@ -110,14 +102,13 @@ def cold_run(url: str, cache_dir: str, server_pid: int, **kw) -> dict:
             "cpu_ms": 1e3 * stats.cpu_s / stats.images, "server_cpu_ms": 1e3 * server_cpu / stats.images}
 
 
-def listing_rss(env: dict, cache_dir: str) -> dict:
+def listing_rss(cache_dir: str) -> dict:
     """RSS of a fresh process around listing + indexing ``gs://b/synthetic``."""
-    return run_json_child(_RSS_CHILD, [cache_dir], env)
+    return harness.run_child(["-c", _RSS_CHILD, cache_dir], timeout=600)
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--num-images", type=int, default=384)
+    p = harness.parser(__doc__, num_images=384, json_out=True)
     p.add_argument("--num-classes", type=int, default=4)
     p.add_argument("--latency", type=float, default=0.05, help="seconds per request")
     p.add_argument("--max-in-flight", type=int, default=64)
@@ -128,7 +119,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--decode-threads", type=int, default=CORES,
                    help="decode threads of the decode-only bound and of the loader (default: all cores)")
     p.add_argument("--skip-seed", action="store_true")
-    p.add_argument("--json", default=None, help="also write the numbers here")
     args = p.parse_args(argv)
     if args.decode_threads < 1:
         p.error(f"--decode-threads must be >= 1. Received: {args.decode_threads}")
@@ -147,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         server_args = ["--root", local, "--prefix", "data", "--latency", str(args.latency)]
         if args.listing:
             server_args += ["--synthetic", str(args.listing)]
-        with fake_server(*server_args) as (endpoint, server_pid):
+        with harness.fake_gcs(*server_args) as (endpoint, server_pid):
             os.environ["STORAGE_EMULATOR_HOST"] = endpoint
             url = "gs://b/data"
             res: dict = {"cores": CORES, "decode_threads": args.decode_threads, "images": len(paths),
@@ -183,10 +173,10 @@ def main(argv: list[str] | None = None) -> int:
             for r in range(args.rounds):  # alternate, and swap who goes first, to spread drift
                 order = [("warm", remote), ("local", local_ds)]
                 for name, ds in order if r % 2 == 0 else order[::-1]:
-                    stats = timed_epoch(name, ds, 0.0)
+                    stats = harness.epoch(ds, name).stats
                     rates[name].append(stats.img_s)
                     cpu_ms[name].append(1e3 * stats.cpu_s / stats.images)
-                rates["decode"].append(decode_dali(paths, args.decode_threads))
+                rates["decode"].append(harness.dali_decode_rate(paths, args.decode_threads))
                 print(f"round {r + 1}: " + ", ".join(f"{k} {v[-1]:.1f}" for k, v in rates.items())
                       + " images/s; CPU per image: " + ", ".join(f"{k} {v[-1]:.2f} ms" for k, v in cpu_ms.items()))
             res.update({f"{k}_cpu_ms": statistics.median(v) for k, v in cpu_ms.items()})
@@ -196,13 +186,10 @@ def main(argv: list[str] | None = None) -> int:
             res.update({k: statistics.median(v) for k, v in rates.items()})
             res["warm_over_local_rounds"] = [w / loc for w, loc in zip(rates["warm"], rates["local"])]
             if args.listing:
-                env = dict(os.environ, PYTHONPATH=REPO)
-                res["rss"] = listing_rss(env, os.path.join(tmp, "rss-cache"))
+                res["rss"] = listing_rss(os.path.join(tmp, "rss-cache"))
     report(res, args)
     print(f"\ntotal {time.perf_counter() - t_start:.0f} s")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(res, f, indent=2)
+    harness.write_json(args.json, res)
     return 0
 
 

@@ -14,33 +14,22 @@ environment: a threshold the user set wins, so the loader leaves glibc as TF set
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import resource
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+import harness
 
 
 def make_tree(root: str, n: int) -> None:
-    import numpy as np
-
-    from dali_loader.testing.pngs import encode_png, photo
-
-    rng = np.random.default_rng(0)
-    for i in range(n):
+    """`n` photo-like 500x375 PNGs in 4 class folders."""
+    for i, png in enumerate(harness.photo_pngs(n, filters=(0, 1, 2, 3, 4))):
         path = os.path.join(root, f"class_{i % 4}", f"img_{i:04d}.png")
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path, "wb") as f:
-            f.write(encode_png(photo(rng, 375, 500)))
+            f.write(png)
 
 
 def child(kind: str, root: str, size: int, epochs: int) -> dict:
@@ -52,35 +41,26 @@ def child(kind: str, root: str, size: int, epochs: int) -> dict:
     ds = (keras.utils.image_dataset_from_directory(root, **kw) if kind == "keras"
           else ours(root, **kw))
 
-    def rss() -> float:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-
     cpu, faults, mem = [], [], []
     for _ in range(epochs):
-        t, f = os.times(), resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-        n = sum(int(x.shape[0]) for x, _ in ds)
-        u = os.times()
-        cpu.append(1e3 * (u.user + u.system - t.user - t.system) / n)
-        faults.append((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f) / n)
-        mem.append(rss())
+        e = harness.epoch(ds)
+        cpu.append(e.cpu_ms)
+        faults.append(e.faults_per_image)
+        mem.append(harness.rss_bytes() / 2**20)
     return {"cpu": cpu[1:], "faults": faults[1:], "rss": mem}
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--child"]:
-        print("RESULT", json.dumps(child(argv[1], argv[2], int(argv[3]), int(argv[4]))))
+        harness.write_json(argv[5], child(argv[1], argv[2], int(argv[3]), int(argv[4])))
         return 0
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--num-images", type=int, default=256)
-    ap.add_argument("--epochs", type=int, default=25)
+    ap = harness.parser(__doc__, num_images=256, epochs=25)
     ap.add_argument("--size", type=int, default=224)
     args = ap.parse_args(argv)
     if args.epochs < 7:
         ap.error(f"--epochs must be at least 7 (RSS growth is from epoch 5). Received: {args.epochs}")
-    print("$", " ".join([os.path.relpath(sys.executable, ROOT), os.path.relpath(__file__, ROOT)] + argv))
-    print(f"cores: {len(os.sched_getaffinity(0))}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+    harness.banner(__file__, argv)
     root = tempfile.mkdtemp(prefix="dali-malloc-")
     try:
         make_tree(root, args.num_images)
@@ -92,11 +72,9 @@ def main(argv: list[str] | None = None) -> int:
               f"{args.epochs} epochs, a fresh process each")
         print(f"{'loader':<14} {'CPU ms/img best':>15} {'median':>7} {'faults/img':>10} {'RSS growth MB':>13}")
         for name, kind, env in runs:
-            out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", kind, root,
-                                  str(args.size), str(args.epochs)], capture_output=True, text=True,
-                                 check=True, cwd=ROOT, env={**base, **env})
-            r = json.loads(next(ln for ln in out.stdout.splitlines()
-                                if ln.startswith("RESULT"))[len("RESULT "):])
+            r = harness.run_child([os.path.abspath(__file__), "--child", kind, root,
+                                   str(args.size), str(args.epochs)], env, base=base,
+                                  quiet=True)
             print(f"{name:<14} {min(r['cpu']):15.3f} {statistics.median(r['cpu']):7.3f} "
                   f"{statistics.median(r['faults']):10.1f} {r['rss'][-1] - r['rss'][5]:13.1f}",
                   flush=True)

@@ -12,14 +12,9 @@ of the later ones, and the ratios plugin / generator. Runs on the CPU
 
 from __future__ import annotations
 
-import argparse
-import os
 import sys
-import tempfile
-import time
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import harness
 
 
 def run(data: str, handoff: str, args) -> list[tuple[float, float, int]]:
@@ -31,33 +26,19 @@ def run(data: str, handoff: str, args) -> list[tuple[float, float, int]]:
                                       device=args.device, handoff=handoff)
     rows = []
     for _ in range(args.epochs):
-        t = time.perf_counter()
-        first, n = None, 0
-        for x, _ in ds:
-            if first is None:
-                _ = x.shape  # the batch exists
-                first = time.perf_counter() - t
-            n += int(x.shape[0])
-        rows.append((first, time.perf_counter() - t, n))
+        e = harness.epoch(ds)
+        rows.append((e.first_batch_s, e.stats.wall_s, e.images))
     ds.close()
     return rows
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--data", default=None)
-    ap.add_argument("--epochs", type=int, default=6)
-    ap.add_argument("--num-images", type=int, default=256)
+    ap = harness.parser(__doc__, data=True, num_images=256, epochs=6)
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--device", default="cpu", choices=["cpu", "gpu"])
     args = ap.parse_args(argv)
 
-    from dali_loader.tools.sample import make_sample_dataset
-
-    with tempfile.TemporaryDirectory(prefix="dali-plugin-") as tmp:
-        data = args.data or make_sample_dataset(
-            os.path.join(tmp, "data"), num_images=args.num_images, num_classes=4,
-            size=(375, 500), seed=0)
+    with harness.sample_data(args.data, args.num_images, "dali-plugin-") as data:
         results = {}
         for handoff in ("generator", "plugin"):
             results[handoff] = rows = run(data, handoff, args)

@@ -18,25 +18,13 @@ timings are noisy: compare best of rounds), and the ratio of each to ``tf``.
 
 from __future__ import annotations
 
-import argparse
-import os
-import resource
 import sys
 import threading
 import time
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import numpy as np
 
-import numpy as np  # noqa: E402
-
-
-def photo_pngs(n: int, filters: tuple[int, ...], h: int = 375, w: int = 500) -> list[bytes]:
-    from dali_loader.testing.pngs import encode_png, photo
-
-    rng = np.random.default_rng(0)
-    return [encode_png(photo(rng, h, w), filters) for _ in range(n)]
-
+import harness
 
 def decoders(blobs: list[bytes]) -> dict:
     import tensorflow as tf
@@ -62,21 +50,20 @@ def one_round(fn, blobs: list[bytes], threads: int) -> tuple[float, float, float
             fn(b)
         cpu[k] = time.thread_time() - c0
 
-    f0, t0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, time.perf_counter()
+    f0, t0 = harness.minor_faults(), time.perf_counter()
     ts = [threading.Thread(target=work, args=(k,)) for k in range(threads)]
     for t in ts:
         t.start()
     for t in ts:
         t.join()
     wall = time.perf_counter() - t0
-    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0
+    faults = harness.minor_faults() - f0
     return 1e3 * sum(cpu) / len(blobs), faults / len(blobs), len(blobs) / wall
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = harness.parser(__doc__, rounds=7)
     ap.add_argument("--images", type=int, default=200)
-    ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--write-records", default=None, metavar="PATH",
                     help="write the PNGs as records for bench_png_core_c.cc and exit")
@@ -88,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     if not png_native.available():
         print(png_native.unavailable_reason())
         return 1
-    blobs = photo_pngs(args.images, tuple(int(f) for f in args.filters.split(",")))
+    blobs = harness.photo_pngs(args.images, tuple(int(f) for f in args.filters.split(",")))
     if args.write_records:
         import struct
 

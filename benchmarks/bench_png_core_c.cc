@@ -1,6 +1,6 @@
 // The native PNG core alone, without Python: CPU time per image, one thread, best of 7 rounds.
 // Input: records as fuzz_driver.cc reads them (uint32 LE length + bytes), e.g. photos written
-// by benchmarks/bench_png_core.py's photo_pngs. Build against the core's objects:
+// by `benchmarks/bench_png_core.py --write-records PATH`. Build against the core's objects:
 //   python -m dali_loader.native.build
 //   g++ -O3 -Idali_loader/native benchmarks/bench_png_core_c.cc \
 //       dali_loader/native/_build/obj/{wuffs,png_core}.o -o /tmp/bench_png_core_c

@@ -18,16 +18,13 @@ its ratio to libpng. Minor page faults per image from `ru_minflt`.
 
 from __future__ import annotations
 
-import argparse
 import os
-import resource
 import sys
 import tempfile
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import numpy as np
 
-import numpy as np  # noqa: E402
+import harness
 
 VARIANTS = {"libpng": ("libpng", None, None), "native": ("wuffs", True, None),
             "native-np": ("wuffs", True, lambda n: np.empty(n, np.uint8)),
@@ -38,7 +35,6 @@ def fill_once(data: str, cache: str, variant: str):
     """(images/s, CPU ms per image, minor faults per image) of one new cache's fill."""
     import dali_loader.tfdata.dataset as dataset_module
     from dali_loader.decode import png_stage
-    from dali_loader.tools.bench import timed_epoch
     from tf_adapter import image_dataset_from_directory
 
     png, native, alloc = VARIANTS[variant]
@@ -51,18 +47,13 @@ def fill_once(data: str, cache: str, variant: str):
     ds = image_dataset_from_directory(data, batch_size=128, image_size=(244, 244), shuffle=True,
                                       seed=1, verbose=False, png_decoder=png, gpu_ready=True,
                                       cache_dir=cache)
-    f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    s = timed_epoch(variant, ds, 0.0)
-    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0
+    e = harness.epoch(ds, variant)
     ds.close()
-    return s.img_s, 1e3 * s.cpu_s / s.images, faults / s.images
+    return e.img_s, e.cpu_ms, e.faults_per_image
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--data", default=None, help="PNG folder (default: a new sample dataset)")
-    ap.add_argument("--num-images", type=int, default=512)
-    ap.add_argument("--rounds", type=int, default=4)
+    ap = harness.parser(__doc__, data=True, num_images=512, rounds=4)
     ap.add_argument("--variants", default=",".join(VARIANTS))
     args = ap.parse_args(argv)
     from dali_loader.decode import png_cpu, png_native
@@ -70,13 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     variants = [v for v in args.variants.split(",")
                 if not (v == "pywuffs" and not png_cpu.available())
                 and not (v.startswith("native") and not png_native.available())]
-    with tempfile.TemporaryDirectory(prefix="bench-fill-") as tmp:
-        data = args.data
-        if data is None:
-            from dali_loader.tools.sample import make_sample_dataset
-
-            data = make_sample_dataset(os.path.join(tmp, "data"), num_images=args.num_images,
-                                       num_classes=4, size=(375, 500), seed=0)
+    with harness.sample_data(args.data, args.num_images, "bench-fill-") as data, \
+            tempfile.TemporaryDirectory(prefix="bench-fill-caches-") as tmp:
         print(f"{args.num_images} PNGs 500x375 in {data}; {os.cpu_count()} cores; "
               f"GLIBC_TUNABLES={os.environ.get('GLIBC_TUNABLES', '(default)')}", flush=True)
         fill_once(data, os.path.join(tmp, "warm"), variants[0])  # TF start-up, page cache

@@ -26,62 +26,26 @@ construction from the manifest.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path.insert(0, ROOT)
+import harness
 
 CLASSES = 100
 BATCH = 128
 CHILD_TIMEOUT = 900
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-
-
-def rss() -> int:
-    """Resident bytes of this process."""
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 def settled_rss() -> int:
+    """Resident bytes after a garbage collection."""
     import gc
 
     gc.collect()
-    return rss()
-
-
-def cpu() -> float:
-    t = os.times()
-    return t.user + t.system
-
-
-# ------------------------------------------------------------------- local data
-def make_tree(root: str, n: int) -> None:
-    """N 8x8 PNGs (a few distinct ones) in CLASSES folders."""
-    import numpy as np
-    from PIL import Image
-    import io
-
-    rng = np.random.default_rng(0)
-    blobs = []
-    for _ in range(16):
-        buf = io.BytesIO()
-        Image.fromarray(rng.integers(0, 255, (8, 8, 3), np.uint8)).save(buf, format="PNG")
-        blobs.append(buf.getvalue())
-    for c in range(CLASSES):
-        os.makedirs(os.path.join(root, f"class_{c:03d}"), exist_ok=True)
-    for i in range(n):
-        with open(os.path.join(root, f"class_{i % CLASSES:03d}", f"img_{i:07d}.png"), "wb") as f:
-            f.write(blobs[i % len(blobs)])
+    return harness.rss_bytes()
 
 
 # ---------------------------------------------------------------------- children
@@ -105,19 +69,12 @@ def child_local(kind: str, n: int, data: str, cache: str, out: str) -> None:
     res = {"kind": kind, "n": n, "construct_s": time.perf_counter() - t}
     res["bytes_per_file_built"] = (settled_rss() - base) / n
     epochs = []
-    for e in range(3 if kind == "ours_ready" else 2):
-        t, c = time.perf_counter(), cpu()
-        it = iter(ds)
-        next(it)
-        first = time.perf_counter() - t
-        count = BATCH + sum(int(x.shape[0]) for x, _ in it)
-        wall, used = time.perf_counter() - t, cpu() - c
-        del it
-        epochs.append({"first_batch_s": first, "img_s": count / wall, "cpu_ms_img": 1e3 * used / count,
-                       "images": count, "bytes_per_file": (settled_rss() - base) / n})
+    for _ in range(3 if kind == "ours_ready" else 2):
+        e = harness.epoch(ds, kind)
+        epochs.append({"first_batch_s": e.first_batch_s, "img_s": e.img_s, "cpu_ms_img": e.cpu_ms,
+                       "images": e.images, "bytes_per_file": (settled_rss() - base) / n})
     res["epochs"] = epochs
-    with open(out, "w") as f:
-        json.dump(res, f)
+    harness.write_json(out, res)
 
 
 def child_turns(n: int, data: str, cache: str, rounds: int, out: str) -> None:
@@ -134,16 +91,14 @@ def child_turns(n: int, data: str, cache: str, rounds: int, out: str) -> None:
                "ours": ours(data, **kw),
                "ours_ready": ours(data, gpu_ready=True, cache_dir=cache, **kw)}
     for ds in loaders.values():  # warm: graphs traced, the cache filled
-        sum(int(x.shape[0]) for x, _ in ds)
+        harness.epoch(ds)
     cpu_ms: dict[str, list[float]] = {k: [] for k in loaders}
     for _ in range(rounds):
         for kind, ds in loaders.items():
-            c = cpu()
-            count = sum(int(x.shape[0]) for x, _ in ds)
-            assert count == n, (kind, count)
-            cpu_ms[kind].append(1e3 * (cpu() - c) / count)
-    with open(out, "w") as f:
-        json.dump(cpu_ms, f)
+            e = harness.epoch(ds, kind)
+            assert e.images == n, (kind, e.images)
+            cpu_ms[kind].append(e.cpu_ms)
+    harness.write_json(out, cpu_ms)
 
 
 def child_gcs(kind: str, url: str, cache: str, out: str) -> None:
@@ -157,7 +112,7 @@ def child_gcs(kind: str, url: str, cache: str, out: str) -> None:
     bucket, _, prefix = url[len("gs://"):].partition("/")
     client = make_client()
     next(iter(client.list_blobs(bucket, max_results=1)), None)  # connect, authorise
-    t, c = time.perf_counter(), cpu()
+    t, c = time.perf_counter(), harness.cpu_seconds()
     if kind == "list_blobs":
         n = sum(1 for _ in client.list_blobs(bucket, prefix=prefix + "/", page_size=1000))
     elif kind == "ours_list":
@@ -167,21 +122,15 @@ def child_gcs(kind: str, url: str, cache: str, out: str) -> None:
         ds = ours(url, image_size=(8, 8), verbose=False, cache_dir=cache,
                   manifest="refresh" if kind == "ours_first" else "use")
         n = len(ds.file_paths)
-    wall, used = time.perf_counter() - t, cpu() - c
-    with open(out, "w") as f:
-        json.dump({"kind": kind, "objects": n, "s": wall, "cpu_us_obj": 1e6 * used / max(n, 1)}, f)
+    wall, used = time.perf_counter() - t, harness.cpu_seconds() - c
+    harness.write_json(out, {"kind": kind, "objects": n, "s": wall,
+                             "cpu_us_obj": 1e6 * used / max(n, 1)})
 
 
 def run_child(args: list[str], env: dict | None = None) -> dict:
-    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
-        out = f.name
-    try:
-        subprocess.run([sys.executable, os.path.abspath(__file__), "--child", *args, out], check=True,
-                       timeout=CHILD_TIMEOUT, cwd=ROOT, env={**os.environ, **(env or {})})
-        with open(out) as f:
-            return json.load(f)
-    finally:
-        os.unlink(out)
+    """This script's ``--child ARGS OUT`` in a fresh process; the JSON it wrote."""
+    return harness.run_child([os.path.abspath(__file__), "--child", *args], env,
+                             timeout=CHILD_TIMEOUT)
 
 
 # ------------------------------------------------------------------------ parent
@@ -192,7 +141,7 @@ def bench_local(sizes: list[int], base: str) -> None:
     for n in sizes:
         data, cache = os.path.join(base, f"data{n}"), os.path.join(base, f"cache{n}")
         t = time.perf_counter()
-        make_tree(data, n)
+        harness.tiny_tree(data, n, CLASSES)
         print(f"  (made {n} files in {time.perf_counter() - t:.1f} s)", flush=True)
         rows = {}
         for kind in ("keras", "ours", "ours_ready"):
@@ -214,16 +163,15 @@ def bench_turns(n: int, rounds: int, base: str) -> None:
     """Issue 23's per-file target (CPU default and cached GPU-ready epochs within 1.5x of
     Keras's CPU per image), the loaders in turn, under glibc's default malloc and the tuned
     one (on this VM fresh memory is expensive; its cost hides the loaders' own)."""
-    from malloc_ab import MALLOC_TUNABLES
-
     print(f"\n## CPU per image in turn: {n} tiny PNGs, {rounds} rounds of whole epochs per loader, "
           "one process per malloc setting")
     data, cache = os.path.join(base, f"turns{n}"), os.path.join(base, f"turns_cache{n}")
-    make_tree(data, n)
+    harness.tiny_tree(data, n, CLASSES)
     try:
-        for which, env in (("default", {}), ("tuned", {"GLIBC_TUNABLES": MALLOC_TUNABLES})):
+        for which in harness.MALLOC_SETTINGS:
             shutil.rmtree(cache, ignore_errors=True)
-            ms = run_child(["turns", str(n), data, cache, str(rounds)], env)
+            ms = run_child(["turns", str(n), data, cache, str(rounds)], harness.malloc_env(which))
+            ms.pop("seconds")
             kmin, kmed = min(ms["keras"]), statistics.median(ms["keras"])
             for kind, v in ms.items():
                 print(f"  malloc {which:<7} {kind:<10} CPU ms/img {' '.join('%.3f' % x for x in v)}; "
@@ -239,13 +187,8 @@ def bench_gcs(objects: int, latencies: list[float], base: str) -> None:
     print(f"{'latency':>7} {'list_blobs_s':>12} {'ours_list_s':>11} {'first_build_s':>13} {'manifest_s':>10} "
           f"{'first/bare':>10} {'cpu_us/obj bare':>15} {'ours':>6}")
     for lat in latencies:
-        server = subprocess.Popen(
-            [sys.executable, "-m", "dali_loader.testing.fakegcs", "--synthetic", str(objects),
-             "--classes", str(CLASSES), "--latency", str(lat)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT)
-        try:
-            line = server.stdout.readline()
-            endpoint = line.split()[1]
+        with harness.fake_gcs("--synthetic", str(objects), "--classes", str(CLASSES),
+                              "--latency", str(lat)) as (endpoint, _):
             env = {"STORAGE_EMULATOR_HOST": endpoint}
             cache = os.path.join(base, f"gcs-cache-{lat}")
             url = "gs://b/synthetic"
@@ -256,9 +199,6 @@ def bench_gcs(objects: int, latencies: list[float], base: str) -> None:
             print(f"{lat * 1e3:5.0f}ms {bare:12.2f} {r['ours_list']['s']:11.2f} {r['ours_first']['s']:13.2f} "
                   f"{r['ours_manifest']['s']:10.2f} {r['ours_first']['s'] / bare:10.2f} "
                   f"{r['list_blobs']['cpu_us_obj']:15.1f} {r['ours_list']['cpu_us_obj']:6.1f}", flush=True)
-        finally:
-            server.stdin.close()
-            server.wait(timeout=30)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -271,19 +211,17 @@ def main(argv: list[str] | None = None) -> int:
         else:
             child_gcs(*argv[2:6])
         return 0
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = harness.parser(__doc__, rounds=5)
     ap.add_argument("--sizes", default="10000,100000,300000", help="local file counts")
     ap.add_argument("--objects", type=int, default=100_000, help="gs:// objects")
     ap.add_argument("--latencies", default="0,0.02,0.05", help="seconds per request")
     ap.add_argument("--turns-n", type=int, default=10_000,
                     help="files for the in-turn CPU-per-image comparison (0: skip it)")
-    ap.add_argument("--rounds", type=int, default=5, help="epochs per loader in that comparison")
     ap.add_argument("--no-local", action="store_true")
     ap.add_argument("--no-gcs", action="store_true")
     ap.add_argument("--tmp", default="/dev/shm" if os.path.isdir("/dev/shm") else None)
     args = ap.parse_args(argv)
-    print("$", " ".join([os.path.relpath(sys.executable, ROOT), os.path.relpath(__file__, ROOT)] + argv))
-    print(f"cores: {len(os.sched_getaffinity(0))}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+    harness.banner(__file__, argv)
     base = tempfile.mkdtemp(prefix="dali-scale-", dir=args.tmp)
     try:
         if not args.no_local:

@@ -21,18 +21,13 @@ On a 2-core machine 2 workers are not expected to be faster.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import sys
 import tempfile
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path.insert(0, ROOT)
-
-from dali_loader.testing.cluster import run_and_exit, run_processes, strategy as make_strategy  # noqa: E402
+import harness
+from dali_loader.testing.cluster import run_and_exit, run_processes, strategy as make_strategy
 
 GLOBAL_BATCH = 64
 IMAGE_SIZE = (244, 244)
@@ -83,8 +78,7 @@ def child(mode: str, data: str, out: str) -> None:
         "pipelines": [{"shard": list(ds._dali_loader.shard),
                        "num_files": int(ds._dali_loader.num_files)} for ds in made],
     }
-    with open(out, "w") as f:
-        json.dump(result, f)
+    harness.write_json(out, result)
 
 
 # -------------------------------------------------------------------- parent
@@ -93,7 +87,7 @@ def run_setup(mode: str, workers: int, data: str, tmp: str) -> list[dict]:
     """Runs one set-up's processes at once; their results, in task order."""
     return run_processes(
         lambda i, out: [sys.executable, os.path.abspath(__file__), "--child", mode, data, out],
-        workers, mode, tmp, timeout=CHILD_TIMEOUT, cwd=ROOT)
+        workers, mode, tmp, timeout=CHILD_TIMEOUT, cwd=harness.ROOT)
 
 
 def summarize(name: str, results: list[dict], total: int) -> dict:
@@ -117,25 +111,13 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--child"]:
         run_and_exit(child, *argv[1:4])
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--data", default=None, help="an image folder (default: a generated one)")
-    ap.add_argument("--num-images", type=int, default=256)
-    args = ap.parse_args(argv)
+    args = harness.parser(__doc__, data=True, num_images=256).parse_args(argv)
 
-    print("$", " ".join([os.path.relpath(sys.executable, ROOT), os.path.relpath(__file__, ROOT)]
-                        + argv))
+    print(harness.command_line(__file__, argv))
     print(f"cores: {os.cpu_count()}, global batch {GLOBAL_BATCH}, image_size {IMAGE_SIZE}, "
           "1 warm-up epoch + 1 timed epoch, input only (no model step), CPU")
-    with tempfile.TemporaryDirectory(prefix="dali-scaling-") as tmp:
-        data = args.data
-        if data is None:
-            from dali_loader.tools.sample import make_sample_dataset
-
-            t = time.perf_counter()
-            data = make_sample_dataset(os.path.join(tmp, "data"), num_images=args.num_images,
-                                       num_classes=4, size=(375, 500), seed=0)
-            print(f"data: {args.num_images} photo-like PNGs, 375x500, 4 classes "
-                  f"(made in {time.perf_counter() - t:.1f} s)")
+    with harness.sample_data(args.data, args.num_images, "dali-scaling-") as data, \
+            tempfile.TemporaryDirectory(prefix="dali-scaling-runs-") as tmp:
         total = sum(len(files) for _, _, files in os.walk(data))
         setups = [("1 replica", "single", 1), ("2 replicas (Mirrored)", "mirrored", 1),
                   ("1 worker (MWMS)", "multi", 1), ("2 workers (MWMS)", "multi", 2)]

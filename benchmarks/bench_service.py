@@ -13,7 +13,7 @@ All services are up at once; each set-up gets 1 warm-up epoch, then the set-ups
 take turns for `--epochs` rounds (one epoch each per round: the shared machine's
 noise falls on all of them alike), input only (no model step). Per set-up:
 images/s (best epoch and median), the time to the first batch, the trainer's CPU per image
-(this process: `time.process_time`), the workers' CPU per image (their
+(this process's CPU time), the workers' CPU per image (their
 /proc/PID/stat), and the trainer's per-epoch tally (files delivered, missing,
 repeated). Before that, bytes per image on the wire, measured on the worker
 graph's own transfer batches: raw, and after the service's snappy compression
@@ -28,34 +28,16 @@ machines of their own.
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
 import tempfile
-import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path.insert(0, ROOT)
+import harness
 
 BATCH = 32
 IMAGE_SIZE = (256, 256)  # Keras's default
 SEED = 0
-
-
-def proc_cpu_seconds(pids: list[int]) -> float:
-    """User + system CPU seconds of processes (0 for those gone)."""
-    tick = os.sysconf("SC_CLK_TCK")
-    total = 0.0
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / tick
-        except (OSError, IndexError):
-            pass
-    return total
 
 
 def wire_bytes(tf, index, spec, samples: int) -> dict:
@@ -106,18 +88,14 @@ class Setup:
 
     def epoch(self, timed: bool = True) -> None:
         pids = self.worker_pids()
-        c0, w0, t0 = time.process_time(), proc_cpu_seconds(pids), time.perf_counter()
-        images, first = 0, None
-        for x, _ in self.ds:
-            if first is None:
-                first = time.perf_counter() - t0
-            images += int(x.shape[0])
-        t1, c1, w1 = time.perf_counter(), time.process_time(), proc_cpu_seconds(pids)
+        w0 = harness.cpu_seconds(pids)
+        e = harness.epoch(self.ds, self.name)
+        w1 = harness.cpu_seconds(pids)
         if timed:
-            self.rates.append(images / (t1 - t0))
-            self.firsts.append(first)
-            self.trainer_ms.append(1000 * (c1 - c0) / images)
-            self.worker_ms.append(1000 * (w1 - w0) / images)
+            self.rates.append(e.img_s)
+            self.firsts.append(e.first_batch_s)
+            self.trainer_ms.append(e.cpu_ms)
+            self.worker_ms.append(1000 * (w1 - w0) / e.images)
 
     def row(self) -> dict:
         tallies = getattr(self.ds, "tally", _NoTally).epochs()
@@ -131,12 +109,7 @@ class Setup:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--data", default=None, help="an image folder (default: a generated one)")
-    ap.add_argument("--num-images", type=int, default=256)
-    ap.add_argument("--epochs", type=int, default=3, help="timed epochs per set-up (default 3)")
-    args = ap.parse_args(argv)
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    args = harness.parser(__doc__, data=True, num_images=256, epochs=3).parse_args(argv)
 
     import tensorflow as tf
 
@@ -147,19 +120,12 @@ def main(argv: list[str] | None = None) -> int:
     from dali_loader.tfdata.graph_dataset import graph_dataset
     from tf_adapter import image_dataset_from_directory
 
-    print("$", " ".join([os.path.relpath(sys.executable, ROOT), os.path.relpath(__file__, ROOT)]
-                        + (sys.argv[1:] if argv is None else argv)))
+    print(harness.command_line(__file__, argv))
     print(f"cores: {os.cpu_count()}, batch {BATCH}, image_size {IMAGE_SIZE}, float32 output, "
           f"1 warm-up + {args.epochs} timed epochs per set-up, alternating, input only (no model step); "
           "CPU per image: medians")
-    with tempfile.TemporaryDirectory(prefix="dali-service-") as tmp:
-        data = args.data
-        if data is None:
-            from dali_loader.tools.sample import make_sample_dataset
-
-            data = make_sample_dataset(os.path.join(tmp, "data"), num_images=args.num_images,
-                                       num_classes=4, size=(375, 500), seed=0)
-            print(f"data: {args.num_images} photo-like PNGs, 375x500, 4 classes")
+    with harness.sample_data(args.data, args.num_images, "dali-service-") as data, \
+            tempfile.TemporaryDirectory(prefix="dali-service-runs-") as tmp:
         _, index = open_index(data, shuffle=False)
         spec = ImageSpec(*IMAGE_SIZE)
 

@@ -28,24 +28,15 @@ the rounds, and ratios (best against best).
 from __future__ import annotations
 
 import os
-import resource
 import sys
 import tempfile
-import time
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from malloc_ab import ab_main  # noqa: E402
+import harness
 
 STAGE = ("libpng", "op", "op+cond")
 SETS = ("sample", "photo")
 EPOCHS = ("seed", "cpu-libpng", "cpu-native")
 TINY = "cpu-native-tiny"
-
-
-def _faults() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
 def stage_dataset(blobs: list[bytes], which: str, threads: int):
@@ -68,19 +59,11 @@ def stage_dataset(blobs: list[bytes], which: str, threads: int):
 
 
 def measure(ds, images: int) -> dict:
-    f0, c0, t0 = _faults(), time.process_time(), time.perf_counter()
-    n = 0
-    for batch in ds:
-        n += _count(batch)
-    wall, cpu, faults = time.perf_counter() - t0, time.process_time() - c0, _faults() - f0
+    """One pass over `ds` (batches of images, or of (images, labels)): its figures."""
+    e = harness.epoch(ds)
     if images is not None:
-        assert n == images, (n, images)
-    return {"img_s": n / wall, "cpu_ms": 1e3 * cpu / n, "busy": cpu / wall, "faults": faults / n}
-
-
-def _count(batch) -> int:
-    x = batch[0] if isinstance(batch, tuple) else batch
-    return int(x.shape[0])
+        assert e.images == images, (e.images, images)
+    return {"img_s": e.img_s, "cpu_ms": e.cpu_ms, "busy": e.busy, "faults": e.faults_per_image}
 
 
 def make_dataset(data: str, which: str):
@@ -97,41 +80,10 @@ def make_dataset(data: str, which: str):
     return ds
 
 
-def photo_blobs(n: int) -> list[bytes]:
-    """`n` smooth photo-like 375x500 RGB PNGs (`testing.pngs.photo`), saved by Pillow."""
-    import io
-
-    import numpy as np
-    from PIL import Image
-
-    from dali_loader.testing.pngs import photo
-
-    rng = np.random.default_rng(3)
-    out = []
-    for _ in range(n):
-        buf = io.BytesIO()
-        Image.fromarray(photo(rng, 375, 500)).save(buf, format="PNG")
-        out.append(buf.getvalue())
-    return out
-
-
-def tiny_folder(root: str, n: int = 4000) -> str:
-    import numpy as np
-
-    from dali_loader.testing.pngs import encode_png
-
-    os.makedirs(os.path.join(root, "c"), exist_ok=True)
-    rng = np.random.default_rng(0)
-    for i in range(n):
-        with open(os.path.join(root, "c", f"{i}.png"), "wb") as f:
-            f.write(encode_png(rng.integers(0, 256, (8, 8, 3), dtype=np.uint8), (1,)))
-    return root
-
-
 def run_one(data: str, rounds: int, stage_images: int, tiny: str) -> dict:
     paths = sorted(os.path.join(d, f) for d, _, fs in os.walk(data) for f in fs)
     sets = {"sample": [open(p, "rb").read() for p in paths[:stage_images]],
-            "photo": photo_blobs(stage_images)}
+            "photo": harness.photo_pngs(stage_images, seed=3)}
     stage = {f"{s}:{k}-{t}": [] for s in SETS for t in (1, 2) for k in STAGE}
     epochs = {k: [] for k in EPOCHS + (TINY,)}
     datasets = {k: make_dataset(data, k) for k in EPOCHS}
@@ -139,10 +91,10 @@ def run_one(data: str, rounds: int, stage_images: int, tiny: str) -> dict:
 
     datasets[TINY] = image_dataset_from_directory(tiny, batch_size=128, image_size=(8, 8),
                                                   seed=1, verbose=False)
-    tiny_n = len(os.listdir(os.path.join(tiny, "c")))
+    tiny_n = sum(len(fs) for _, _, fs in os.walk(tiny))
     seed_images = None
     for k, ds in datasets.items():  # warm up: tracing, pools, page cache
-        n = sum(_count(b) for b in ds)
+        n = harness.epoch(ds).images
         if k == "seed":
             seed_images = n  # the seed's 80% split
         else:
@@ -207,15 +159,23 @@ def report(name: str, res: dict) -> None:
 
 def _child(args) -> dict:
     with tempfile.TemporaryDirectory(prefix="bench-tf-png-op-tiny-") as tiny:
-        return run_one(args.data, args.rounds, args.stage_images, tiny_folder(tiny))
+        return run_one(args.data, args.rounds, args.stage_images,
+                       harness.tiny_tree(tiny, args.tiny_images))
+
+
+def _add_args(ap) -> None:
+    ap.add_argument("--stage-images", type=int, default=300,
+                    help="images of the decode-alone rows")
+    ap.add_argument("--tiny-images", type=int, default=4000,
+                    help="tiny 8x8 PNGs of the per-file row (cpu-native-tiny)")
 
 
 def main(argv: list[str] | None = None) -> int:
-    return ab_main(__file__, __doc__.split("\n")[0], _child, report, argv,
-                   add_args=lambda ap: ap.add_argument(
-                       "--stage-images", type=int, default=300,
-                       help="images of the decode-alone rows"),
-                   child_args=lambda args: ["--stage-images", str(args.stage_images)])
+    return harness.ab_main(
+        __file__, __doc__, _child, report, argv,
+        add_args=_add_args,
+        child_args=lambda args: ["--stage-images", str(args.stage_images),
+                                 "--tiny-images", str(args.tiny_images)])
 
 
 if __name__ == "__main__":

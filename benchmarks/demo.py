@@ -16,40 +16,22 @@ Prints the side-by-side tables and the chart's path. About 3-4 minutes on 2 core
 
 from __future__ import annotations
 
-import argparse
 import gc
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
 import warnings
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-
-from dali_loader.tools.bench import results_markdown, run_bench, write_results  # noqa: E402
-from dali_loader.tools.diagnose import DECODER_NAMES, format_report, run_diagnose, to_json  # noqa: E402
-from dali_loader.tools.sample import make_sample_dataset  # noqa: E402
+import harness
+from dali_loader.tools.bench import results_markdown, run_bench, write_results
+from dali_loader.tools.diagnose import DECODER_NAMES, format_report, run_diagnose, to_json
+from dali_loader.tools.sample import make_sample_dataset
 
 
 def _banner(text: str) -> None:
     print(f"\n=== {text} " + "=" * max(0, 74 - len(text)), flush=True)
-
-
-def start_fake_gcs(root: str, latency: float) -> tuple[subprocess.Popen, str]:
-    """Starts `python -m dali_loader.testing.fakegcs` serving ``root`` as gs://b/data; returns its URL."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "dali_loader.testing.fakegcs", "--root", root, "--bucket", "b",
-         "--prefix", "data", "--latency", str(latency)],
-        cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    line = proc.stdout.readline().strip()
-    if not line.startswith("FAKEGCS_URL "):
-        proc.kill()
-        raise RuntimeError(f"fake GCS server did not start: {line!r}")
-    return proc, line.split()[1]
 
 
 def small_cnn(num_classes: int, image_size: tuple[int, int]):
@@ -118,9 +100,8 @@ def _train_table(rows: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", default=os.path.join(ROOT, "out", "demo"))
-    ap.add_argument("--num-images", type=int, default=512)
+    ap = harness.parser(__doc__, num_images=512)
+    ap.add_argument("--out", default=os.path.join(harness.ROOT, "out", "demo"))
     ap.add_argument("--latency", type=float, default=0.05, help="seconds per GCS request")
     ap.add_argument("--step-time", type=float, default=1.0, help="synthetic step, s per batch")
     ap.add_argument("--train-seconds", type=float, default=45.0, help="training budget per pipeline")
@@ -139,11 +120,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.num_images} photo-like PNGs, 500x375, 4 classes, {mb:.0f} MB in {data}")
 
     _banner(f"2. fake GCS bucket, {args.latency * 1000:.0f} ms per request")
-    proc, url = start_fake_gcs(data, args.latency)
-    os.environ["STORAGE_EMULATOR_HOST"] = url
-    source = "gs://b/data"
-    print(f"serving {source} at STORAGE_EMULATOR_HOST={url}")
-    try:
+    with harness.fake_gcs("--root", data, "--bucket", "b", "--prefix", "data",
+                          "--latency", str(args.latency)) as (url, _):
+        os.environ["STORAGE_EMULATOR_HOST"] = url
+        source = "gs://b/data"
+        print(f"serving {source} at STORAGE_EMULATOR_HOST={url}")
+
         _banner(f"3. dali-loader diagnose {source} --step-time {args.step_time:g} --batch-size 128")
         m = run_diagnose(source, step_time=args.step_time, batch_size=128, image_size=size,
                          sample=64, loader_batches=3,
@@ -179,10 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         # Release the loaders (and their read-ahead threads) while the server still answers.
         del s_train, s_val, l_train, l_val
         gc.collect()
-    finally:
-        proc.stdin.close()
-        proc.wait(timeout=10)
-        tmp.cleanup()
+    tmp.cleanup()
 
     _banner("side by side")
     v = to_json(m)

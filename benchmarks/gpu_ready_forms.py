@@ -32,24 +32,18 @@ CPU only; whether DALI's `mixed` decoder decodes these TIFFs on a GPU is not mea
 
 from __future__ import annotations
 
-import argparse
 import io
-import json
 import os
 import platform
 import sys
-import tempfile
 import time
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
+import numpy as np
 
-import numpy as np  # noqa: E402
-
-from dali_loader.decode import ready_forms  # noqa: E402
+import harness
+from dali_loader.decode import ready_forms
 
 KB = 1024
 DALI_BATCH = 32
@@ -170,32 +164,26 @@ def tf_decoder(tf, blobs, fn, threads, reps):
 # ----------------------------------------------------------------------------- main
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--num-images", type=int, default=64)
+    ap = harness.parser(__doc__, num_images=64, rounds=5, json_out=True)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1,
                     help="decode threads (default: all cores)")
-    ap.add_argument("--pngsuite", default=os.path.join(REPO, "..", "shared", "pngsuite"),
+    ap.add_argument("--pngsuite", default=os.path.join(harness.ROOT, "..", "shared", "pngsuite"),
                     help="PngSuite folder for the TIFF exactness check ('' to skip)")
-    ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--min-seconds", type=float, default=0.5, help="per timed round")
-    ap.add_argument("--json", default=None, help="write the numbers here")
     args = ap.parse_args(argv)
     if args.num_images < 1 or args.threads < 1 or args.rounds < 1:
         ap.error("--num-images, --threads and --rounds must be >= 1")
-    cmd = " ".join([".venv/bin/python", os.path.relpath(os.path.abspath(__file__), REPO)]
-                   + (sys.argv[1:] if argv is None else list(argv)))
+    cmd = harness.command_line(__file__, argv)[2:]
 
     import tensorflow as tf
     import nvidia.dali as dali
 
     from dali_loader.decode.tf_kernels import raw_pixels
-    from dali_loader.tools.sample import make_sample_dataset
 
     t_start = time.perf_counter()
     threads = args.threads
     reps = max(1, -(-256 // args.num_images))  # tf.data passes of >= 256 images
-    with tempfile.TemporaryDirectory() as tmp:
-        make_sample_dataset(tmp, num_images=args.num_images)
+    with harness.sample_data(None, args.num_images, "gpu-ready-forms-") as tmp:
         files = sorted(os.path.join(d, f) for d, _, fs in os.walk(tmp) for f in fs
                        if f.endswith(".png"))
         pngs = [open(f, "rb").read() for f in files]
@@ -344,14 +332,12 @@ def main(argv: list[str] | None = None) -> int:
     elapsed = time.perf_counter() - t_start
     print(f"\n{elapsed:.0f} s")
 
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(dict(command=cmd, num_images=len(pngs), image_hw=[h, w],
-                           png_kb_per_image=png_bytes / len(pngs) / KB, threads=threads,
-                           cpu_count=os.cpu_count(), machine=platform.machine(),
-                           tensorflow=tf.__version__, dali=dali.__version__,
-                           rounds=args.rounds, min_seconds=args.min_seconds, rows=rows,
-                           ratios=ratios, pngsuite=suite, seconds=elapsed), f, indent=1)
+    harness.write_json(args.json, dict(
+        command=cmd, num_images=len(pngs), image_hw=[h, w],
+        png_kb_per_image=png_bytes / len(pngs) / KB, threads=threads, cpu_count=os.cpu_count(),
+        machine=platform.machine(), tensorflow=tf.__version__, dali=dali.__version__,
+        rounds=args.rounds, min_seconds=args.min_seconds, rows=rows, ratios=ratios,
+        pngsuite=suite, seconds=elapsed))
     return 0
 
 

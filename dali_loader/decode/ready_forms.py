@@ -137,7 +137,7 @@ def decode(data: bytes, form: ReadyForm) -> np.ndarray:
 
 
 # Whether a GPU run has confirmed that DALI's `mixed` decoder decodes `TIFF`
-# entries on the GPU (nvTIFF), bit-exactly (benchmarks/gpu_ready_check). Until
+# entries on the GPU (nvTIFF), bit-exactly (device_checks/gpu_ready_check). Until
 # then `gpu_ready="tiff"` works but warns: on a GPU the TIFF may be decoded on
 # the CPU (nvImageCodec falls back to libtiff when nvTIFF refuses a file).
 TIFF_GPU_DECODE_VERIFIED = False

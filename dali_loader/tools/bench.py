@@ -12,6 +12,11 @@ the rounds (reported as ``fill_img_s``), so its rounds time cached epochs. Every
 decodes per epoch (the seed and tuned pipelines decode every image on the CPU; the loader rows count
 them in ``epoch_stats``), and the cached rows the cache's bytes per image and against the source's.
 
+Two rows run only when ``include`` (``--only``) names them: ``loader-dali`` (and its
+``-cached`` twin), the loader decoding and resizing with DALI on the CPU (``decoder="dali"``,
+the GPU path's graph), and ``decode-bound``, TF's ``decode_image`` alone over the files' bytes
+held in memory, on all cores, no resize: what any loader that decodes them on the CPU can reach.
+
 Every row names its PNG decoder (``png_decoder``): libpng for the seed and tuned pipelines
 (``tf.io.decode_png``); for the loader rows the one ``png_decoder`` resolves to (libpng by
 default; a cached row's is the one that fills its cache: Wuffs where installed). Given several decoders
@@ -61,6 +66,7 @@ class RunStats:
     first_wait_s: float = 0.0  # the first batch: pipeline start-up, cold caches
     complete: bool = True  # the epoch ran to its end (not cut short by max_batches)
     cpu_decodes: int | None = None  # images decoded on the CPU in this (complete) epoch
+    first_batch_s: float = 0.0  # from iter(data) to the first batch (first_wait_s and iter())
 
     @property
     def img_s(self) -> float:
@@ -126,7 +132,7 @@ def timed_epoch(name: str, data: Iterable, step_time: float, max_batches: int | 
         raise ValueError(f"step_time must be >= 0. Received: step_time={step_time}")
     cores = os.cpu_count() or 1
     images = batches = 0
-    wait = first = 0.0
+    wait = first = first_batch = 0.0
     complete = False
     c0, t0 = _cpu_time(), time.perf_counter()
     it = iter(data)
@@ -140,7 +146,7 @@ def timed_epoch(name: str, data: Iterable, step_time: float, max_batches: int | 
         waited = time.perf_counter() - w0
         wait += waited
         if batches == 0:
-            first = waited
+            first, first_batch = waited, time.perf_counter() - t0
         images += _num_images(batch)
         batches += 1
         if step_time:
@@ -149,7 +155,7 @@ def timed_epoch(name: str, data: Iterable, step_time: float, max_batches: int | 
             on_batch()
     wall = time.perf_counter() - t0
     return RunStats(name, round_index, images, batches, wall, wait, _cpu_time() - c0, cores,
-                    first, complete)
+                    first, complete, first_batch_s=first_batch)
 
 
 def summarize(runs: Sequence[RunStats], extras: dict[str, dict[str, Any]] | None = None
@@ -264,10 +270,17 @@ def _pipelines(source: str, batch_size: int, image_size: Sequence[int],
         pipes["tuned"] = tuned_pipeline(source, batch_size=batch_size, image_size=image_size,
                                         seed=0)
         used["tuned"] = "libpng"
+    if include is not None and "decode-bound" in include:
+        pipes["decode-bound"] = decode_bound_dataset(source, batch_size)
+        used["decode-bound"] = "libpng"  # tf.io.decode_image
     if ready_dir is None and cache_dir is not None:
         ready_dir = lambda dev: os.path.join(cache_dir, f"{dev}-cached")  # noqa: E731
     devices = ["cpu"] + (["gpu"] if dali_gpu_count() > 0 else [])
-    for dev in devices:
+    # loader-dali: the CPU with decoder="dali", only when named (it is not the default path).
+    paths = devices[:1] + (["dali"] if any(n.startswith("loader-dali") for n in include or ())
+                           else []) + devices[1:]
+    for dev in paths:
+        device, decoder = ("cpu", "dali") if dev == "dali" else (dev, None)
         for png in decoders:
             tag = f"{dev}-{png}" if len(decoders) > 1 else dev
             for base, ready in ((f"loader-{dev}", False), (f"loader-{dev}-cached", True)):
@@ -282,17 +295,17 @@ def _pipelines(source: str, batch_size: int, image_size: Sequence[int],
 
                     # A cached row's decoder is the one that fills its cache.
                     used[name] = (fill_png_decoder(png) if ready else resolve_png_decoder(
-                        png, device=dev, decoder=None, gpu_ready=None)).value
+                        png, device=device, decoder=decoder, gpu_ready=None)).value
                     # What image_dataset_from_directory builds: PNGs decoded by
                     # `png_decoder`, the resize by TF's kernels on the CPU, DALI on the
-                    # GPU; the loader does the I/O either way. Cached: through the
-                    # GPU-ready cache, in its own folder.
+                    # GPU and in loader-dali; the loader does the I/O either way. Cached:
+                    # through the GPU-ready cache, in its own folder.
                     where = (ready_dir(tag) if ready else
                              None if cache_dir is None else os.path.join(cache_dir, tag))
                     loader = open_dataset(source, batch_size=batch_size,
                                           image_size=tuple(image_size), shuffle=True, seed=0,
-                                          device=dev, cache_dir=where, gpu_ready=ready,
-                                          png_decoder=png)
+                                          device=device, decoder=decoder, cache_dir=where,
+                                          gpu_ready=ready, png_decoder=png)
                 except Exception as exc:  # a missing loader or device must not kill the others
                     used.pop(name, None)
                     skipped[name] = f"{type(exc).__name__}: {exc}"
@@ -389,6 +402,24 @@ def run_bench(source: str, *, step_time: float = 0.0, batch_size: int = 128,
             "skipped": skipped}
 
 
+def decode_bound_dataset(source: str, batch_size: int) -> Any:
+    """The ``decode-bound`` row: ``tf.io.decode_image`` alone over every image's bytes, read
+    into memory first (no read, no resize), in a parallel tf.data map on all cores; yields
+    batches of shapes. Raises FileNotFoundError when ``source`` holds no image."""
+    import tensorflow as tf
+
+    from dali_loader.tools.diagnose import list_objects_raw, make_fetcher
+
+    fetch = make_fetcher(source)
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        blobs = list(pool.map(fetch, [p for p, _ in list_objects_raw(source)]))
+    if not blobs:
+        raise FileNotFoundError(f"No image files under {source}")
+    return tf.data.Dataset.from_tensor_slices(blobs).map(
+        lambda b: tf.shape(tf.io.decode_image(b, channels=3, expand_animations=False))[:1],
+        num_parallel_calls=tf.data.AUTOTUNE, deterministic=False).batch(batch_size).prefetch(2)
+
+
 def sample_formats(source: str, sample: int = 32, seed: int = 0) -> dict[str, int] | None:
     """The formats of up to `sample` of `source`'s files (format -> count; None when they
     cannot be read): what the rows' decoders are named for."""
@@ -471,6 +502,9 @@ def results_markdown(res: dict[str, Any]) -> str:
     for name in base:
         if name.startswith("loader") and base.get("seed"):
             note += f" {name}/seed = {base[name] / base['seed']:.2f}x."
+    for name in base:
+        if name != "decode-bound" and base.get("decode-bound"):
+            note += f" {name}/decode-bound = {base[name] / base['decode-bound']:.2f}."
     for s in res["summary"]:
         name = s["pipeline"]
         if not name.endswith("-cached"):

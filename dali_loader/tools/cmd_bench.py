@@ -35,7 +35,13 @@ def add_parsers(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--only", nargs="+", default=None, metavar="NAME",
                    help="run only these pipelines: seed tuned loader (all loader rows) "
                         "loader-cpu loader-gpu loader-cpu-cached loader-gpu-cached (each "
-                        "also selects its per-decoder rows, loader-cpu-wuffs ...)")
+                        "also selects its per-decoder rows, loader-cpu-wuffs ...); and two "
+                        "rows run only when named: loader-dali (decoder='dali' on the CPU; "
+                        "loader-dali-cached) and decode-bound (TF's decode alone, in memory, "
+                        "all cores, no resize)")
+    p.add_argument("--sample", type=int, default=None, metavar="N",
+                   help="first write N photo-like 500x375 sample PNGs (4 classes) into SOURCE, "
+                        "a local folder, unless it holds files already")
     p.add_argument("--png-decoder", nargs="+", choices=("wuffs", "libpng"), default=None,
                    metavar="{wuffs,libpng}",
                    help="the loader rows' PNG decoder (default: libpng, the loader's default); "
@@ -50,6 +56,10 @@ def handler(args: argparse.Namespace) -> int:
     from dali_loader.tools.bench import results_markdown, run_bench, write_results
 
     logging.basicConfig(level=logging.INFO, format="  %(message)s", stream=sys.stderr)
+    if args.sample and not (os.path.isdir(args.source) and os.listdir(args.source)):
+        from dali_loader.tools.sample import make_sample_dataset
+
+        make_sample_dataset(args.source, num_images=args.sample)
     prepare_source(args.source, getattr(args, "verbose", False))
     res = run_bench(args.source, step_time=args.step_time, batch_size=args.batch_size,
                     image_size=tuple(args.image_size), rounds=args.rounds,

@@ -35,7 +35,7 @@ CHANNELS = (1, 3, 4)
 MAX_BATCH = 65535  # the expand kernel's grid y dimension: larger batches run in parts
 
 # Whether a GPU run has confirmed the batched PNG decoder bit-exact with libpng
-# (benchmarks/png_gpu_check, with nvCOMP). Until then nothing turns it on by
+# (device_checks/png_gpu_check, with nvCOMP). Until then nothing turns it on by
 # default; `resolve_png_gpu(True, ...)` is the explicit option.
 PNG_GPU_VERIFIED = False
 

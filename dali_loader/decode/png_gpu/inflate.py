@@ -16,7 +16,7 @@ Adler-32 afterwards.
   Deflate input (https://docs.nvidia.com/cuda/nvcomp/py_api.html). When the batch
   call raises (an output too small for a stream), each stream is retried alone
   to find the bad ones. Unverified until a device run passes
-  (benchmarks/png_gpu_check).
+  (device_checks/png_gpu_check).
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ The 2,000 timing photos are NOT carried: `device_check.py` generates them on the
 device (numpy + zlib, `dali_loader.testing.pngs`), their source pixels being the
 reference. Prints the carried total (limit 64 MiB) and the device tool's call.
 
-    .venv/bin/python benchmarks/png_gpu_check/prepare.py [--cuda 12|13] [--real 24]
+    .venv/bin/python device_checks/png_gpu_check/prepare.py [--cuda 12|13] [--real 24]
         [--print-device-call]
 """
 
@@ -64,7 +64,7 @@ def log(*a) -> None:
 def _wheel_tools():
     """gpu_ready_check/prepare.py's download + slim, pointed at this check's set and folders."""
     spec = importlib.util.spec_from_file_location(
-        "gpu_ready_prepare", os.path.join(REPO, "benchmarks", "gpu_ready_check", "prepare.py"))
+        "gpu_ready_prepare", os.path.join(REPO, "device_checks", "gpu_ready_check", "prepare.py"))
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     mod.WHEEL_SETS, mod.KEEP_BINARIES, mod.ESSENTIAL = WHEEL_SETS, KEEP_BINARIES, ESSENTIAL
@@ -135,7 +135,7 @@ def tree_bytes(path: str) -> int:
 
 
 def device_call() -> str:
-    return json.dumps({"command": "bash benchmarks/png_gpu_check/run_on_device.sh",
+    return json.dumps({"command": "bash device_checks/png_gpu_check/run_on_device.sh",
                        "carry": CARRY, "timeout_s": TIMEOUT_S})
 
 

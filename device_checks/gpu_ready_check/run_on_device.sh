@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The GPU-ready cache's device check, as the device tool runs it (README.md in this folder):
 #
-#   run(command="bash benchmarks/gpu_ready_check/run_on_device.sh",
+#   run(command="bash device_checks/gpu_ready_check/run_on_device.sh",
 #       carry=[".whl", "build/gpu_ready_check"], timeout_s=330)
 #
-# after `.venv/bin/python benchmarks/gpu_ready_check/prepare.py` here. Installs the carried
+# after `.venv/bin/python device_checks/gpu_ready_check/prepare.py` here. Installs the carried
 # wheels into /tmp/site (no index, no dependencies) and runs device_check.py under a 285 s
 # timeout; its JSON and log land in $OUT, nvImageCodec's own stderr in $OUT/stderr.log (its
 # last lines are printed). Exit: device_check.py's (0 verified, 1 failures, 2 could not run),
@@ -27,7 +27,7 @@ fi
 echo "installed into $SITE: $(cd .whl && ls *.whl | tr '\n' ' ')"
 export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
 rc=0
-timeout -k 10 285 "$PY" benchmarks/gpu_ready_check/device_check.py --out "$OUT" "$@" \
+timeout -k 10 285 "$PY" device_checks/gpu_ready_check/device_check.py --out "$OUT" "$@" \
   2>"$OUT/stderr.log" || rc=$?
 [ "$rc" -eq 124 ] && echo "!! device_check.py ran out of its 285 s (the JSON holds the phases done)"
 echo "-- stderr: $(wc -l <"$OUT/stderr.log") lines in $OUT/stderr.log; its commonest lines:"

@@ -6,7 +6,7 @@ Prints, per 500x375 photo PNG (the device check's `make_photo`, one thread): the
 gives differently from (9797, 19234, 3737) >> 15 (libpng's truncated weights, the kernel's)
 and from (9798, 19235, 3735) (the rounded ones).
 
-    .venv/bin/python benchmarks/png_gpu_check/host_costs.py [--photos 64]
+    .venv/bin/python device_checks/png_gpu_check/host_costs.py [--photos 64]
 """
 
 from __future__ import annotations

@@ -48,7 +48,8 @@ step "gpu tests" 180 gpu_tests.log \
 step "Keras scripts on every path (the GPU paths join on a GPU)" 120 keras_scripts.log \
   $PY -m pytest -q tests/test_keras_scripts.py -ra
 step "local benchmark (seed pipeline vs loader on CPU and GPU)" 120 bench_local.log \
-  $PY benchmarks/bench_local.py --num-images 1024 --rounds 2 --json "$OUT/bench_local.json"
+  $PY -m dali_loader.tools.cli bench "$(mktemp -d)/data" --sample 1024 --rounds 2 \
+  --only seed loader-cpu loader-gpu loader-dali decode-bound --out "$OUT/bench_local"
 step "gs:// benchmark (issue 3's targets on this machine's cores)" 120 bench_gcs_loader.log \
   $PY benchmarks/bench_gcs_loader.py --num-images 384 --rounds 2 --cold-runs 2 --listing 0 \
   --json "$OUT/bench_gcs_loader.json"

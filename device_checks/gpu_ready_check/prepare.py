@@ -25,7 +25,7 @@ It checks here what it can: the wheel set's names, versions and dependencies, an
 every TIFF decodes (tifffile) to its reference. It prints the carried total and fails when it
 is over 64 MiB.
 
-    .venv/bin/python benchmarks/gpu_ready_check/prepare.py [--cuda 13|12] [--photos 64]
+    .venv/bin/python device_checks/gpu_ready_check/prepare.py [--cuda 13|12] [--photos 64]
         [--py-tags 312] [--full-wheels] [--force] [--print-device-call]
 """
 
@@ -400,7 +400,7 @@ def repo_bytes() -> int:
 
 
 def device_call() -> str:
-    return json.dumps({"command": "bash benchmarks/gpu_ready_check/run_on_device.sh",
+    return json.dumps({"command": "bash device_checks/gpu_ready_check/run_on_device.sh",
                        "carry": CARRY, "timeout_s": 330})
 
 
