@@ -45,8 +45,9 @@ def _batches(n: int, delay: float):
 def test_timed_epoch_constructed_cases():
     # Input 10x slower than the step: almost all of the step time is waiting for input.
     slow_input = timed_epoch("a", _batches(5, 0.1), step_time=0.01)
-    # Instant input, a 0.1 s step: the input wait is a sliver.
-    slow_step = timed_epoch("b", _batches(5, 0.0), step_time=0.1)
+    # Instant input, a 0.3 s step: the input wait is a sliver. (The steps are long so that
+    # a loaded machine's few ms per `next()` stay far below the 5% line: 0.1 s failed at load 7.)
+    slow_step = timed_epoch("b", _batches(5, 0.0), step_time=0.3)
     assert slow_input.images == slow_step.images == 20 and slow_input.batches == 5
     assert input_bound_class(slow_input.input_wait_pct) == "highly input-bound"
     assert input_bound_class(slow_step.input_wait_pct) == "not input-bound"
@@ -55,7 +56,7 @@ def test_timed_epoch_constructed_cases():
     def slow_start():
         time.sleep(0.5)
         yield from _batches(4, 0.0)
-    start = timed_epoch("d", slow_start(), step_time=0.05)
+    start = timed_epoch("d", slow_start(), step_time=0.3)
     assert input_bound_class(start.input_wait_pct) == "highly input-bound"
     assert input_bound_class(start.steady_wait_pct) == "not input-bound"
     assert start.first_wait_s >= 0.5
