@@ -102,7 +102,7 @@ def cold_run(url: str, cache_dir: str, server_pid: int, **kw) -> dict:
     srv0 = cpu_seconds(server_pid)
     stats = timed_epoch("loader cold", ds, 0.0)
     server_cpu = cpu_seconds(server_pid) - srv0
-    loader = ds._dali_loader
+    loader = ds.loader.engine
     build_s = loader.epoch_setup_seconds[0] if loader.epoch_setup_seconds else 0.0
     loader.close()
     return {"listing_s": listing_s, "rate": stats.img_s, "build_s": build_s,
@@ -190,8 +190,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"round {r + 1}: " + ", ".join(f"{k} {v[-1]:.1f}" for k, v in rates.items())
                       + " images/s; CPU per image: " + ", ".join(f"{k} {v[-1]:.2f} ms" for k, v in cpu_ms.items()))
             res.update({f"{k}_cpu_ms": statistics.median(v) for k, v in cpu_ms.items()})
-            remote._dali_loader.close()
-            local_ds._dali_loader.close()
+            remote.loader.close()
+            local_ds.loader.close()
             res.update({f"{k}_all": v for k, v in rates.items()})
             res.update({k: statistics.median(v) for k, v in rates.items()})
             res["warm_over_local_rounds"] = [w / loc for w, loc in zip(rates["warm"], rates["local"])]

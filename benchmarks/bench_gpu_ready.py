@@ -8,7 +8,7 @@ page cache warm), `image_dataset_from_directory` at 244x244, batch 128:
   PNGs can reach at most here;
 - per decoder (TF's kernels, the CPU default; DALI on the CPU), the loader
   without the cache, the cache's first epoch (it fills), and cached epochs;
-- CPU decodes per epoch (`ds._dali_loader.epoch_stats`) and the cache's bytes
+- CPU decodes per epoch (`ds.loader.epoch_stats`) and the cache's bytes
   per image against the PNG's.
 
 Each configuration runs in its own process, one after the other: glibc's
@@ -60,7 +60,7 @@ def plain_tfdata(tf, ds, image_size, rounds: int = 2) -> float:
     from dali_loader.decode.spec import ImageSpec
     from dali_loader.decode.tf_kernels import decode_ready_like_keras, read_item
 
-    feed = ds._dali_loader
+    feed = ds.loader.engine
     table = feed.items.table
     items = [table.open(i) for i in range(len(feed.index.paths))]  # open until closed below
     try:
@@ -134,18 +134,18 @@ def main(argv: list[str] | None = None) -> int:
             cache_dir = os.path.join(tmp, f"cache-{decoder}")
             plain = image_dataset_from_directory(data, decoder=decoder, **kw)
             time_epoch(plain)  # warm-up: page cache, DALI pipeline build
-            before = len(plain._dali_loader.epoch_stats)
+            before = len(plain.loader.epoch_stats)
             plain_rate, _ = time_epoch(plain)
             rows.append(dict(decoder=decoder, epoch="no cache", img_s=plain_rate,
-                             cpu_decodes=new_cpu_decodes(plain._dali_loader, before)))
+                             cpu_decodes=new_cpu_decodes(plain.loader, before)))
             ds = image_dataset_from_directory(data, decoder=decoder, gpu_ready=True,
                                               cache_dir=cache_dir, **kw)
-            cache = ds._dali_loader.source.cache
+            cache = ds.loader.engine.source.cache
             for e in range(1 + args.epochs):
-                before = len(ds._dali_loader.epoch_stats)
+                before = len(ds.loader.epoch_stats)
                 rate, n = time_epoch(ds)
                 rows.append(dict(decoder=decoder, epoch="first (fills)" if e == 0 else f"cached {e}",
-                                 img_s=rate, cpu_decodes=new_cpu_decodes(ds._dali_loader, before),
+                                 img_s=rate, cpu_decodes=new_cpu_decodes(ds.loader, before),
                                  bytes_per_png_byte=cache.stats().bytes / png_bytes))
             if decoder == "tf":
                 rows.append(dict(decoder="tf.data alone", epoch="cached entries", img_s=plain_tfdata(

@@ -287,6 +287,7 @@ class Plan:
         service_address: `(host, port)` of the tf.data service's dispatcher.
         notes: What to say once (a slower fallback, an unverified path).
         why: Each field the rules set -> the rule that set it, in words.
+        facts: The environment's facts the rules read, and their values.
     """
 
     options: Options
@@ -306,6 +307,7 @@ class Plan:
     service_address: tuple[str, int] | None = None
     notes: tuple[str, ...] = ()
     why: dict[str, str] = dataclasses.field(default_factory=dict, compare=False)
+    facts: dict[str, Any] = dataclasses.field(default_factory=dict, compare=False)
 
     @property
     def dali(self) -> bool:
@@ -338,18 +340,11 @@ class Plan:
 
     def rows(self) -> list[tuple[str, str, str]]:
         """`(field, value, why)` for each decision, in the order the rules take them."""
-        def show(v) -> str:
-            if isinstance(v, enum.Enum):
-                return str(v.value)
-            if isinstance(v, tuple) and v and isinstance(v[0], enum.Enum):
-                return ", ".join(str(x.value) for x in v)
-            return "-" if v is None else str(v)
-
         out = []
         for name in ("engine", "device", "device_id", "shard", "cache_form", "png_fill",
                      "handoff", "item_reader", "dali_input", "png_epoch", "png_where",
                      "checks"):
-            out.append((name, show(getattr(self, name)), self.why.get(name, "")))
+            out.append((name, _show(getattr(self, name)), self.why.get(name, "")))
         return out
 
     def format(self) -> str:
@@ -358,8 +353,18 @@ class Plan:
         w = max(len(n) for n, _, _ in rows)
         v = max(len(x) for _, x, _ in rows)
         lines = [f"  {n:<{w}}  {x:<{v}}  {why}".rstrip() for n, x, why in rows]
+        lines.append("  facts: " + ", ".join(f"{k}={_show(v)}" for k, v in self.facts.items()))
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
+
+
+def _show(v: Any) -> str:
+    """A plan's value as printed: an enum's value, "-" for None."""
+    if isinstance(v, enum.Enum):
+        return str(v.value)
+    if isinstance(v, tuple) and v and isinstance(v[0], enum.Enum):
+        return ", ".join(str(x.value) for x in v)
+    return "-" if v is None else str(v)
 
 
 # -- the rules ------------------------------------------------------------------------
@@ -408,10 +413,6 @@ class Because(NamedTuple):
 
     value: Any
     why: str
-
-
-def _value(x: Any) -> Any:
-    return getattr(x, "value", x)
 
 
 def check_on_error(on_error: str) -> str:
@@ -619,7 +620,7 @@ def _gpu_png(d: _Draft) -> None:
     if d.cache_form is not None:
         raise ValueError('png_decoder="gpu" and `gpu_ready` cannot be combined: the GPU-ready '
                          "cache already decodes every file once. Received: "
-                         f"png_decoder='gpu', gpu_ready={_value(d.o.gpu_ready)!r}")
+                         f"png_decoder='gpu', gpu_ready={d.cache_form.value!r}")
 
 
 _WUFFS_MISSING = ("the native PNG core (`make install`: python -m dali_loader.native.build) or "
@@ -710,8 +711,12 @@ def _handoff(d: _Draft) -> Handoff | None:
     return Because(asked, f"handoff={asked.value!r}")
 
 
-def _device_id(d: _Draft) -> int:
-    return d.shard[0] % max(1, d.env.dali_gpus) if d.device is Device.GPU else 0
+def _device_id(d: _Draft) -> Because:
+    if d.device is not Device.GPU:
+        return Because(0, "the CPU")
+    gpus = d.env.dali_gpus
+    return Because(d.shard[0] % max(1, gpus),
+                   f"input pipeline {d.shard[0]} of {d.shard[1]} on DALI's {gpus} GPU(s)")
 
 
 def _gpu_with_jpegs(d: _Draft) -> bool:
@@ -820,7 +825,8 @@ RULES: tuple[Rule, ...] = (
     _set("cache_form", _gpu_ready_value,
          'gpu_ready: None/False no cache; True/"raw" raw entries; "tiff" TIFF entries'),
     _set("handoff_asked", _handoff_value, 'handoff is None, "generator", "plugin" or "plugin-gpu"'),
-    _set("shard", lambda d: shard_of(d.o.input_context),
+    _set("shard", lambda d: Because(shard_of(d.o.input_context), "no input_context"
+                                    if d.o.input_context is None else "input_context"),
          "input_context: this pipeline's shard of each epoch, else (0, 1)"),
     _set("address", _service, "service: TF's kernels on its CPU workers; the CPU options only"),
     _check(_seed_for_shards, "sharded and shuffled: every pipeline passes the same seed"),
@@ -897,4 +903,5 @@ def resolve(options: Options, env: Environment) -> Plan:
                 shard=d.shard, output=options.output, item_reader=d.item_reader,
                 dali_input=d.dali_input, png_epoch=d.png_epoch, png_where=d.png_where,
                 png_fill=d.png_fill, cache_form=d.cache_form, handoff=d.handoff,
-                checks=d.checks, service_address=d.address, notes=tuple(d.notes), why=why)
+                checks=d.checks, service_address=d.address, notes=tuple(d.notes), why=why,
+                facts=env.read())

@@ -264,7 +264,7 @@ REFUSALS = [
     (dict(gpu_ready="tiff"), env(), ValueError, "gpu_ready='tiff'"),
     (dict(png_decoder="gpu"), env(), ValueError, "png_decoder='gpu', device=None"),
     (dict(png_decoder="gpu", decoder="dali", gpu_ready=True), env(), ValueError,
-     "png_decoder='gpu', gpu_ready=True"),
+     "png_decoder='gpu', gpu_ready='raw'"),
     (dict(png_decoder="gpu", decoder="dali", handoff="plugin"), env(), ValueError,
      "handoff='plugin', png_decoder='gpu'"),
     (dict(png_decoder="wuffs"), env(built=BARE), ImportError, "build_tf"),
@@ -313,7 +313,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 def test_every_documented_option_is_an_option():
-    table = (REPO / "docs" / "options.md").read_text()
+    table = (REPO / "docs" / "options.md").read_text().split("## The dataset's handle")[0]
     documented = set(re.findall(r"^\| `(\w+)` \|", table, re.M))
     loader_options = {f for f in Options.__dataclass_fields__} - {
         "batch_size", "shuffle", "seed", "output"}
