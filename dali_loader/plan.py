@@ -310,11 +310,6 @@ class Plan:
     facts: dict[str, Any] = dataclasses.field(default_factory=dict, compare=False)
 
     @property
-    def dali(self) -> bool:
-        """Whether DALI decodes (the one place `decoder == "dali" or device == "gpu"` is written)."""
-        return self.engine is Engine.DALI
-
-    @property
     def feed_pixels(self) -> bool:
         """Whether the feed's threads decode with Wuffs (`png_stage.KerasPixels`):
         each epoch's PNGs on the DALI path, or the GPU-ready cache's fills."""
@@ -334,8 +329,6 @@ class Plan:
         if self.png_where is PngWhere.NONE:
             return (f"{self.png_fill.value} (GPU-ready cache fills, on the feed's threads; "
                     "epochs decode no PNG)")
-        if self.png_epoch is None:
-            return "not resolved (the source is not listed)"
         return f"{self.png_epoch.value} ({where[self.png_where]})"
 
     def rows(self) -> list[tuple[str, str, str]]:
@@ -589,6 +582,7 @@ def _tf_decoder_on_gpu(d: _Draft) -> None:
 
 
 def _engine(d: _Draft) -> Because:
+    """The one place `decoder == "dali" or device == "gpu"` is written."""
     if d.address is not None:
         return Because(Engine.SERVICE, "service=")
     if d.o.output is Output.NUMPY:

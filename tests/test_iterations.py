@@ -108,7 +108,7 @@ def test_many_abandoned_iterators_leave_nothing_behind(id_tree, decoder):
     if decoder == "tf-wuffs":  # every abandoned epoch was closed (its reads stopped)
         assert len(loader.epoch_tallies) >= 40
     elif decoder == "tf":
-        assert len(ds._dali_audits) <= 1  # no auditor per abandoned iterator
+        assert ds.loader.open_iterations <= 1  # no auditor per abandoned iterator
     else:
         assert len(loader._idle) <= 2  # abandoned epochs drop their pipelines
     assert after <= warm + 4, (warm, after)  # one read pool, bounded

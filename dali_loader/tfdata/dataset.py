@@ -247,10 +247,8 @@ def to_tf_dataset(loader: DaliBatches | Feed, spec: ImageSpec, batch_size: int |
         if size is not None:
             ds = ds.apply(tf.data.experimental.assert_cardinality(size))
         ds = ds.prefetch(tf.data.AUTOTUNE)
-    if audits is not None:
-        ds._dali_audits = audits  # live iterations of the TF path (tests read it)
     handle = LoaderHandle(loader, plan, functools.partial(
-        _resume_at, loader, spec, batch_size, label_mode, num_classes, attributes))
+        _resume_at, loader, spec, batch_size, label_mode, num_classes, attributes), audits)
     ds.loader = handle
     ds.close, ds.seek, ds.resume_at = handle.close, handle.seek, handle.resume_at
     for name, value in (attributes or {}).items():

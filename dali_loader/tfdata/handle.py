@@ -8,7 +8,7 @@ seek/resume, and close. A dataset derived by a tf.data transformation
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sized
 from typing import Any
 
 from dali_loader.plan import Plan
@@ -25,10 +25,12 @@ class LoaderHandle:
             a `Feed` (TF's kernels). Its own attributes are internal.
     """
 
-    def __init__(self, engine: Any, plan: Plan, resume: Callable[[int, int], Any]):
+    def __init__(self, engine: Any, plan: Plan, resume: Callable[[int, int], Any],
+                 audits: Sized | None = None):
         self.engine = engine
         self.plan = plan
         self._resume = resume
+        self._audits = audits
 
     @property
     def _feed(self):
@@ -59,6 +61,12 @@ class LoaderHandle:
     def num_batches(self) -> int:
         """Batches each epoch yields (this input pipeline's)."""
         return self._feed.num_batches
+
+    @property
+    def open_iterations(self) -> int | None:
+        """TF's kernels over files: this dataset's iterations whose audit is still open
+        (an abandoned iterator's closes with it); None on the other paths."""
+        return None if self._audits is None else len(self._audits)
 
     @property
     def shard(self) -> tuple[int, int]:
