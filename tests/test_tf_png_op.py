@@ -19,7 +19,7 @@ import tensorflow as tf
 
 from conftest import _photo, save
 from dali_loader import probes
-from dali_loader.decode import png_stage, tf_png
+from dali_loader.decode import tf_png
 from dali_loader.plan import Options, PngDecoder, PngWhere, resolve
 from dali_loader.storage.source import SourceKind
 from dali_loader.errors import CorruptImageError
