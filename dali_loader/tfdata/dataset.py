@@ -34,7 +34,7 @@ from dali_loader import probes
 from dali_loader.decode.dali_batches import DaliBatches
 from dali_loader.decode.dali_graph import Input, default_num_threads
 from dali_loader.decode.png_batches import PngBatches
-from dali_loader.decode.png_stage import KerasPixels, PixelItems, RawOrCheckedItems
+from dali_loader.decode.png_stage import KerasPixels, RawOrCheckedItems
 from dali_loader.decode.spec import ImageSpec
 from dali_loader.decode.ready_forms import RAW_HEADER, ReadyForm, decode_raw, raw_shape
 from dali_loader.decode.tf_kernels import (
@@ -229,10 +229,10 @@ def to_tf_dataset(loader: DaliBatches | Feed, spec: ImageSpec, batch_size: int |
                             _cardinality(loader.feed, batch_size, epoch, start_step), plan.handoff)
     else:
         labelled = functools.partial(labels_like_keras, tf, label_mode, num_classes)
-        if isinstance(loader, DaliBatches):
+        if plan.engine is Engine.DALI:
             ds = _dali_dataset(tf, loader, spec, batch_size, which)
             feed = loader.feed
-        elif isinstance(loader.items, (ReadyPinned, PixelItems)):
+        elif plan.item_reader is ItemReader.READY_PINNED:
             ds = _ready_dataset(tf, loader, spec, batch_size, num_threads, which)
             feed = loader
         else:  # Keras's labels made in the audit's own map: one function fewer per iterator
