@@ -104,9 +104,9 @@ def run_one(data: str, rounds: int, stage: bool = True) -> dict:
     for p, _ in pipes.values():  # warm up
         p.run()
     datasets = {k: make_dataset(data, k) for k in EPOCHS}
-    assert datasets["native"]._dali_loader.png_native, "the operator is not built"
-    assert not datasets["libpng"]._dali_loader.png_native
-    assert not datasets["wuffs"]._dali_loader.png_native
+    assert datasets["native"].loader.engine.png_native, "the operator is not built"
+    assert not datasets["libpng"].loader.engine.png_native
+    assert not datasets["wuffs"].loader.engine.png_native
     for ds in datasets.values():  # warm up: tracing, pools, page cache
         harness.timed_epoch("warm-up", ds, 0.0, max_batches=1)
     for r in range(rounds):
@@ -118,7 +118,7 @@ def run_one(data: str, rounds: int, stage: bool = True) -> dict:
             e = harness.epoch(datasets[k], k)
             out["epochs"][k].append(e.img_s)
             out["cpu_ms"][k].append(e.cpu_ms)
-        out["png_native"].append(datasets["native"]._dali_loader.epoch_stats[-1]
+        out["png_native"].append(datasets["native"].loader.epoch_stats[-1]
                                  .get("png_native", 0))
         print(f"  round {r + 1}: " + ", ".join(
             f"{k} {v[-1]:.0f} img/s {out['cpu_ms'][k][-1]:.2f} ms"

@@ -94,7 +94,7 @@ def cold_run(url: str, cache_dir: str, server_pid: int, **kw) -> dict:
     srv0 = harness.cpu_seconds([server_pid])
     stats = harness.epoch(ds, "loader cold").stats
     server_cpu = harness.cpu_seconds([server_pid]) - srv0
-    loader = ds._dali_loader
+    loader = ds.loader.engine
     build_s = loader.epoch_setup_seconds[0] if loader.epoch_setup_seconds else 0.0
     loader.close()
     return {"listing_s": listing_s, "rate": stats.img_s, "build_s": build_s,
@@ -180,8 +180,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"round {r + 1}: " + ", ".join(f"{k} {v[-1]:.1f}" for k, v in rates.items())
                       + " images/s; CPU per image: " + ", ".join(f"{k} {v[-1]:.2f} ms" for k, v in cpu_ms.items()))
             res.update({f"{k}_cpu_ms": statistics.median(v) for k, v in cpu_ms.items()})
-            remote._dali_loader.close()
-            local_ds._dali_loader.close()
+            remote.loader.close()
+            local_ds.loader.close()
             res.update({f"{k}_all": v for k, v in rates.items()})
             res.update({k: statistics.median(v) for k, v in rates.items()})
             res["warm_over_local_rounds"] = [w / loc for w, loc in zip(rates["warm"], rates["local"])]

@@ -12,7 +12,7 @@ Each iterates `image_dataset_from_directory(..., input_context=ctx)` (through
 every image produced is fingerprinted (to count distinct and duplicated images
 across pipelines), then one timed epoch (input only, no model step). The table
 gives images/s for the timed epoch (the slowest worker's wall time), and per
-input pipeline the loader's files per epoch (`ds._dali_loader.num_files`) and
+input pipeline the loader's files per epoch (`ds.loader.num_files`) and
 the images it produced. With 2 pipelines each reads about half, none twice.
 On a 2-core machine 2 workers are not expected to be faster.
 
@@ -75,8 +75,8 @@ def child(mode: str, data: str, out: str) -> None:
 
     result = {
         "mode": mode, "seconds": seconds, "steps": steps, "images": counts, "prints": prints,
-        "pipelines": [{"shard": list(ds._dali_loader.shard),
-                       "num_files": int(ds._dali_loader.num_files)} for ds in made],
+        "pipelines": [{"shard": list(ds.loader.shard),
+                       "num_files": int(ds.loader.num_files)} for ds in made],
     }
     harness.write_json(out, result)
 

@@ -76,7 +76,7 @@ def make_dataset(data: str, which: str):
     ds = image_dataset_from_directory(data, batch_size=128, image_size=(244, 244), shuffle=True,
                                       seed=1, verbose=False, png_decoder=png)
     want = {"cpu-libpng": "libpng", "cpu-native": "wuffs"}[which]
-    assert ds._dali_loader.png_decoder.value == want, (which, ds._dali_loader.png_decoder)
+    assert ds.loader.plan.png_epoch.value == want, (which, ds.loader.plan.png_epoch)
     return ds
 
 

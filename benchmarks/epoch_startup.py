@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
                                               seed=1, verbose=False, decoder=decoder)
             print(f"\ndecoder={decoder!r}: listing + index + dataset "
                   f"{time.perf_counter() - t0:.3f} s (once)")
-            loader = ds._dali_loader
+            loader = ds.loader.engine
             print("epoch  setup_ms  first_batch_s  epoch_s  img/s  pipelines_built")
             for e in range(args.epochs):
                 ep = harness.epoch(ds)

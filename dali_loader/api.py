@@ -4,17 +4,14 @@ from __future__ import annotations
 
 import numpy as np
 
+from dali_loader import probes
 from dali_loader.args import positive_int
-from dali_loader.decode import dali_png
 from dali_loader.decode.dali_batches import DaliBatches
-from dali_loader.decode.devices import resolve_device
-from dali_loader.decode.ready_forms import resolve_gpu_ready
 from dali_loader.decode.spec import ImageSpec, channels_for
-from dali_loader.feed.checks import DEFAULT_MAX_PIXELS
-from dali_loader.feed.epochs import Feed
-from dali_loader.feed.items import CheckedBytes
 from dali_loader.index import Index, build_index
+from dali_loader.plan import Options, Output, check, has_jpegs, resolve
 from dali_loader.storage.source import Source, open_source
+from dali_loader.tfdata.dataset import make_loader
 
 
 def open_index(
@@ -81,13 +78,19 @@ def open_loader(
     cache_max_bytes: int | None = None,
 ) -> DaliBatches:
     """Lists `source` (folder, FUSE path or URL) and returns its `DaliBatches`:
-    each `iter()` is one epoch of `(images, labels)` numpy batches, decoded by DALI.
+    each `iter()` is one epoch of `(images, labels)` numpy batches, decoded by DALI
+    (`.plan` says how: the DALI engine, its device, the PNG decoder).
 
     The TF-free entry point; `tf_adapter.image_dataset_from_directory` is the
     Keras-exact one (argument checks, splits, label modes, tf.data output).
     """
     channels = channels_for(color_mode)
     positive_int("batch_size", batch_size)
+    options = Options(device=device, num_threads=num_threads, on_error=on_error,
+                      max_in_flight=max_in_flight, cache_max_bytes=cache_max_bytes,
+                      batch_size=batch_size, shuffle=shuffle, seed=seed, output=Output.NUMPY)
+    env = probes.environment()
+    check(options, env)
     if seed is None:
         seed = int(np.random.randint(1e6))
     src, index = open_index(
@@ -97,15 +100,14 @@ def open_loader(
     )
     spec = ImageSpec(int(image_size[0]), int(image_size[1]), channels, interpolation,
                      crop_to_aspect_ratio, pad_to_aspect_ratio)
-    feed = Feed(index, CheckedBytes(src, rgba=channels == 4), chunk_size=batch_size,
-                shuffle=shuffle, seed=seed, on_error=on_error, max_in_flight=max_in_flight,
-                source=src)
-    device = resolve_device(device)
-    # PNGs by the native core's DALI operator where it is built (`dali_png.use_native`).
-    jpegs = device == "gpu" and any(p.lower().endswith((".jpg", ".jpeg")) for p in index.paths)
-    return DaliBatches(feed, spec, device=device, num_threads=num_threads,
-                       png_native=dali_png.use_native(None, gpu_with_jpegs=jpegs),
-                       max_pixels=DEFAULT_MAX_PIXELS)
+    plan = resolve(options, env.with_source(src.kind, lambda: has_jpegs(index.paths)))
+    probes.say_notes(plan)
+    try:
+        return make_loader(src, index, spec, plan, batch_size=batch_size, shuffle=shuffle,
+                           seed=seed)
+    except BaseException:
+        src.close()
+        raise
 
 
 def open_dataset(
@@ -129,22 +131,26 @@ def open_dataset(
     and DALI see one; the CPU decodes with TF's kernels unless `decoder="dali"`.
     `gpu_ready=True` reads through the GPU-ready cache in `cache_dir` (bounded
     by `cache_max_bytes`): each file is decoded on the CPU once, when its entry
-    is filled; `ds._dali_loader.epoch_stats` counts the CPU decodes per epoch.
-    `png_decoder` picks who decodes PNGs (`png_stage.resolve_png_decoder`;
-    None: libpng each epoch, Wuffs for GPU-ready cache fills).
+    is filled; `ds.loader.epoch_stats` counts the CPU decodes per epoch.
+    `png_decoder` picks who decodes PNGs (`ds.loader.plan` names the one that
+    runs: `plan.resolve`). Every option is checked before `source` is listed.
     """
-    from dali_loader.lazy import import_tf
-    from dali_loader.tfdata.dataset import make_loader, to_tf_dataset
+    from dali_loader.tfdata.dataset import to_tf_dataset
 
-    device = resolve_device(device, import_tf())
+    options = Options(device=device, decoder=decoder, max_in_flight=max_in_flight,
+                      cache_max_bytes=cache_max_bytes, gpu_ready=gpu_ready,
+                      png_decoder=png_decoder, batch_size=batch_size, shuffle=shuffle, seed=seed)
+    env = probes.environment()
+    check(options, env)
     src, index = open_index(source, shuffle=shuffle, seed=seed, cache_dir=cache_dir,
                             cache_max_bytes=cache_max_bytes, max_in_flight=max_in_flight)
     spec = ImageSpec(int(image_size[0]), int(image_size[1]))
     try:
-        loader = make_loader(src, index, spec, batch_size=batch_size, shuffle=shuffle,
-                             seed=seed, device=device, decoder=decoder,
-                             max_in_flight=max_in_flight,
-                             gpu_ready=resolve_gpu_ready(gpu_ready), png_decoder=png_decoder)
+        plan = resolve(options, env.with_source(src.kind, lambda: has_jpegs(index.paths)))
+        probes.say_notes(plan)
+        probes.share_gpu(plan)
+        loader = make_loader(src, index, spec, plan, batch_size=batch_size, shuffle=shuffle,
+                             seed=seed)
     except BaseException:
         src.close()
         raise

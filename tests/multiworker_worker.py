@@ -115,8 +115,8 @@ def main(mode: str, id_tree: str, out_path: str) -> None:
         return strategy.distribute_datasets_from_function(dataset_fn, options), made
 
     def loaders(made):
-        return [{"shard": list(ds._dali_loader.shard), "num_files": int(ds._dali_loader.num_files),
-                 "epochs_started": int(ds._dali_loader.epochs_started)} for ds in made]
+        return [{"shard": list(ds.loader.shard), "num_files": int(ds.loader.num_files),
+                 "epochs_started": int(ds.loader.epochs_started)} for ds in made]
 
     def fit(dist, epochs):
         with strategy.scope():

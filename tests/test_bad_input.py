@@ -154,7 +154,7 @@ def test_tf_decoder_failure_past_the_checks_names_the_file(bad_tree, tmp_path):
               on_error="skip")
     for _ in range(2):
         assert sum(int(x.shape[0]) for x, _ in ds) == 5
-    assert list(ds._dali_loader.skipped) == [str(only / "c" / "9z.png")]
+    assert list(ds.loader.skipped) == [str(only / "c" / "9z.png")]
 
 
 def test_decoder_failure_past_the_checks_names_the_file(bad_tree, tmp_path):
@@ -191,7 +191,7 @@ def test_unexpected_loader_error_is_raised_not_an_epoch_cut_short(id_tree, on_er
     still reach the caller, not end the epoch early without a word."""
     ds = ours(str(id_tree), label_mode=None, image_size=(8, 8), batch_size=5, seed=1,
               decoder="tf", on_error=on_error)
-    feed = ds._dali_loader
+    feed = ds.loader.engine
     real_items = feed.items
 
     class Broken:  # an item reader with a bug on the 7th file
@@ -232,4 +232,4 @@ def test_file_deleted_after_indexing_is_a_read_error(id_tree, tmp_path, decoder)
         for _ in ds:
             pass
     assert sum(int(b.shape[0]) for b in skip) == 22
-    assert skip._dali_loader.skipped == {str(gone): "the file disappeared since indexing"}
+    assert skip.loader.skipped == {str(gone): "the file disappeared since indexing"}

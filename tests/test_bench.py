@@ -127,12 +127,15 @@ def test_bench_writes_three_files(tiny_tree, tmp_path, capsys):
     from dali_loader.decode import png_cpu
 
     assert by["seed"]["png_decoder"] == by["tuned"]["png_decoder"] == "libpng"
-    # Each epoch the default (png_route: the native op where built, else libpng); a cached
+    # Each epoch the default (the plan's: the native op where built, else libpng); a cached
     # row names the decoder that filled it.
-    from dali_loader.decode.png_stage import png_route
+    from dali_loader import probes
+    from dali_loader.plan import Options, resolve
+    from dali_loader.storage.source import SourceKind
 
     fill = "wuffs" if png_cpu.available() else "libpng"
-    each = png_route().decoder
+    each = resolve(Options(device="cpu"),
+                   probes.environment(SourceKind.LOCAL_DISK, [])).png_epoch.value
     assert all(by[n]["png_decoder"] == (fill if n.endswith("-cached") else each)
                for n in names if n.startswith("loader-cpu"))
     assert res["png_decoder"] is None
@@ -215,10 +218,10 @@ def test_bench_compares_png_decoders(tiny_tree, tmp_path, monkeypatch):
         assert "(--png-decoder wuffs libpng)" in md
     # Without Wuffs (pywuffs, nor the native core's TF op) the default is libpng, and asking
     # for Wuffs skips the row with the reason.
-    from dali_loader.decode import png_stage
+    from dali_loader import probes
 
     monkeypatch.setattr(png_cpu, "available", lambda: False)
-    monkeypatch.setattr(png_stage, "_tf_op_available", lambda: False)
+    monkeypatch.setattr(probes, "tf_png_op", lambda: False)
     res = run_bench(tiny_tree, batch_size=8, image_size=(32, 32), rounds=1, max_batches=1,
                     include=["loader-cpu"], progress=False)
     assert [(s["pipeline"], s["png_decoder"]) for s in res["summary"]] == [

@@ -67,7 +67,7 @@ def test_cached_epochs_open_each_entry_once_and_nothing_else(id_tree, tmp_path, 
     assert counted["stat_png"] == 23  # the source file (has it changed?), once per file
     assert counted["crc32c"] == 0
     np.testing.assert_array_equal(np.sort(got, axis=0), np.sort(want, axis=0))
-    assert len(ds._dali_loader.source.cache._verified) == 0  # nothing per file kept in the cache object
+    assert len(ds.loader.engine.source.cache._verified) == 0  # nothing per file kept in the cache object
 
     # A new process: opening the cache reads its usage file, no scan of the entries;
     # its first cached epoch checks headers and sizes, no checksum over the payloads.
@@ -76,7 +76,7 @@ def test_cached_epochs_open_each_entry_once_and_nothing_else(id_tree, tmp_path, 
     assert counted["scan_usage"] == 0
     got = epoch(again)
     assert counted["crc32c"] == 0 and counted["link"] == counted["unlink"] == 0
-    assert again._dali_loader.epoch_stats[-1].get("cache_fills", 0) == 0
+    assert again.loader.epoch_stats[-1].get("cache_fills", 0) == 0
     np.testing.assert_array_equal(np.sort(got, axis=0), np.sort(want, axis=0))
 
 

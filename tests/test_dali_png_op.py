@@ -245,7 +245,7 @@ def test_dataset_pixels_exact_and_every_file_once_over_two_shuffled_epochs(trees
     good, _ = trees[mode]
     ref_x, ref_y, paths = _keras(good, mode)
     ds = ours(str(good), decoder="dali", shuffle=True, seed=5, color_mode=mode, **KW)
-    loader = ds._dali_loader
+    loader = ds.loader.engine
     assert loader.png_native
     orders = []
     for _ in range(2):
@@ -268,11 +268,11 @@ def test_libpng_keeps_dalis_decoder(trees, mode):
     good, _ = trees[mode]
     ds = ours(str(good), decoder="dali", shuffle=False, png_decoder="libpng", color_mode=mode,
               **KW)
-    assert not ds._dali_loader.png_native
+    assert not ds.loader.engine.png_native
     x, _ = _epoch(ds)
     ref_x, _, paths = _keras(good, mode)
     assert np.abs(x.astype(np.float64) - ref_x).max() <= 1  # DALI's libpng, as before
-    assert "png_native" not in ds._dali_loader.epoch_stats[0]
+    assert "png_native" not in ds.loader.epoch_stats[0]
 
 
 @needs_op
@@ -280,7 +280,7 @@ def test_libpng_keeps_dalis_decoder(trees, mode):
 def test_corrupt_files_named_under_raise(trees, mode):
     _, bad = trees[mode]
     ds = ours(str(bad), decoder="dali", shuffle=False, color_mode=mode, **KW)
-    assert ds._dali_loader.png_native
+    assert ds.loader.engine.png_native
     with pytest.raises(Exception, match=r"scrambled\.png|truncated\.(jpg|bmp)"):
         for _ in ds:
             pass
@@ -293,14 +293,14 @@ def test_corrupt_files_skipped_and_recorded_over_two_shuffled_epochs(trees, mode
     ref_x, ref_y, paths = _keras(good, mode)
     ds = ours(str(bad), decoder="dali", shuffle=True, seed=2, on_error="skip", color_mode=mode,
               **KW)
-    assert ds._dali_loader.png_native
+    assert ds.loader.engine.png_native
     for _ in range(2):
         x, y = _epoch(ds)
         which, dist = _match(x, ref_x)
         assert sorted(which) == list(range(len(ref_x)))
         _check_pixels(dist, which, paths)
         np.testing.assert_array_equal(y, ref_y[which])
-    assert sorted(ds._dali_loader.skipped) == sorted(
+    assert sorted(ds.loader.skipped) == sorted(
         [str(bad / "cats" / "scrambled.png"), str(bad / "dogs" / f"truncated.{OTHERS[mode][0]}")])
 
 
@@ -309,7 +309,7 @@ def test_plugin_handoff_decodes_with_the_operator(trees):
     good, _ = trees["rgb"]
     ref_x, ref_y, paths = _keras(good, "rgb")
     ds = ours(str(good), decoder="dali", shuffle=False, handoff="plugin", **KW)
-    assert ds._dali_loader.png_native
+    assert ds.loader.engine.png_native
     x, y = _epoch(ds)
     _check_pixels(np.abs(x.astype(np.float64) - ref_x).reshape(len(x), -1).max(-1),
                   range(len(x)), paths)
@@ -331,16 +331,24 @@ def test_big_png_route_and_the_operator_together(trees, monkeypatch, tmp_path):
     x, _ = _epoch(ds)
     ref_x, _, paths = _keras(small, "rgb")
     assert np.abs(x.astype(np.float64) - ref_x).max() < 0.01  # tiny.png is resized
-    (stats,) = ds._dali_loader.epoch_stats
+    (stats,) = ds.loader.epoch_stats
     assert stats["host_png_decodes"] == len(_pngs(trees["rgb"][0]))
     assert stats["png_native"] == 1  # tiny.png
 
 
 def test_selection():
-    assert not dali_png.use_native("libpng", gpu_with_jpegs=False)
-    assert not dali_png.use_native("wuffs", gpu_with_jpegs=False)
-    assert not dali_png.use_native(None, gpu_with_jpegs=True)
-    assert dali_png.use_native(None, gpu_with_jpegs=False) == dali_png.available()
+    """The plan picks the operator for png_decoder=None where it loads (this machine's
+    probe; tests/test_plan.py covers a GPU with JPEGs)."""
+    from dali_loader import probes
+    from dali_loader.plan import Options, PngWhere, resolve
+    from dali_loader.storage.source import SourceKind
+
+    def where(png_decoder):
+        env = probes.environment(SourceKind.LOCAL_DISK, ["a/x.png"])
+        return resolve(Options(decoder="dali", png_decoder=png_decoder), env).png_where
+
+    assert where("libpng") is PngWhere.DALI and where("wuffs") is PngWhere.FEED
+    assert (where(None) is PngWhere.DALI_OP) == dali_png.available()
 
 
 def test_unbuilt_operator_keeps_dalis_decoder_said_once(monkeypatch, caplog, tmp_path, id_tree):
@@ -349,7 +357,7 @@ def test_unbuilt_operator_keeps_dalis_decoder_said_once(monkeypatch, caplog, tmp
     with caplog.at_level("WARNING", logger=dali_png.__name__):
         for _ in range(2):
             ds = ours(str(id_tree), decoder="dali", **KW)
-            assert not ds._dali_loader.png_native
+            assert not ds.loader.engine.png_native
     said = [r for r in caplog.records if "not available" in r.getMessage()]
     assert len(said) == 1 and "missing.so" in said[0].getMessage()
     assert "build_dali" in said[0].getMessage()
@@ -384,4 +392,4 @@ def test_batches_with_one_branch_empty(tmp_path):
     _check_pixels(np.abs(x.astype(np.float64) - ref_x).reshape(len(x), -1).max(-1),
                   range(len(x)), paths)
     np.testing.assert_array_equal(y, ref_y)
-    assert ds._dali_loader.epoch_stats[0]["png_native"] == 4
+    assert ds.loader.epoch_stats[0]["png_native"] == 4

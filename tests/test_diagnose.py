@@ -259,7 +259,8 @@ def test_run_measures_both_decoders(tmp_path, monkeypatch):
     # An RGB file with a tRNS colour key: Wuffs leaves it to libpng.
     Image.fromarray(np.zeros((24, 32, 3), np.uint8)).save(
         os.path.join(root, "c0", "key.png"), transparency=(0, 0, 0))
-    from dali_loader.decode import png_native, png_stage
+    from dali_loader import probes
+    from dali_loader.decode import png_native
 
     if png_native.available() or png_cpu.available():
         m = run_diagnose(root, sample=6, png_decoder="wuffs", **FAST)
@@ -279,7 +280,7 @@ def test_run_measures_both_decoders(tmp_path, monkeypatch):
     # for Wuffs fails.
     monkeypatch.setattr(png_cpu, "available", lambda: False)
     monkeypatch.setattr(png_native, "available", lambda: False)
-    monkeypatch.setattr(png_stage, "_tf_op_available", lambda: False)
+    monkeypatch.setattr(probes, "tf_png_op", lambda: False)
     m = run_diagnose(root, sample=6, **FAST)
     assert m.png_decoder == "libpng" and m.wuffs_all_cores is None and m.png_fallbacks is None
     v = verdict(m)
@@ -354,7 +355,10 @@ def test_jpeg_folder_names_the_jpeg_decoder_not_png_ones(tmp_path):
     for png_decoder in (None, "libpng"):
         m = run_diagnose(root, sample=6, png_decoder=png_decoder, **FAST)
         assert m.sample_formats == {"JPEG": 6} and m.decode_by_format is None
-        r = format_report(m)
+        # The measurements and the verdict; the plan below them names the PNG decoder the
+        # loader would run (png_epoch), whatever the files.
+        r, plan = format_report(m).split("\nplan (")
+        assert "png_epoch" in plan and "engine       tf-kernels" in plan
         assert "decode, libjpeg-turbo (JPEG) " in r
         assert "libpng" not in r and "Wuffs" not in r and "PNG decoder" not in r, r
         assert "decoder: libjpeg-turbo (JPEG))" in r

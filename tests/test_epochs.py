@@ -35,7 +35,7 @@ def test_each_file_once_partial_batch_kept_and_reshuffled(id_tree, decoder):
         assert sorted(order) == list(range(23))
         orders.append(order)
     assert orders[0] != orders[1] != orders[2]
-    loader = ds._dali_loader
+    loader = ds.loader.engine
     # One DALI pipeline for every epoch (none when TF's kernels decode).
     assert getattr(loader, "pipeline_builds", 0) == (1 if decoder == "dali" else 0)
     assert len(loader.epoch_setup_seconds) == 3
@@ -92,8 +92,8 @@ def test_model_fit_runs_unchanged_with_validation(id_tree, decoder):
     hist = model.fit(train, validation_data=val, epochs=3, verbose=0)
     assert len(hist.history["loss"]) == 3 and len(hist.history["val_loss"]) == 3
     assert all(np.isfinite(hist.history["loss"]))
-    assert getattr(train._dali_loader, "pipeline_builds", 0) == (1 if decoder == "dali" else 0)
-    assert train._dali_loader.epochs_started == 3
+    assert getattr(train.loader.engine, "pipeline_builds", 0) == (1 if decoder == "dali" else 0)
+    assert train.loader.epochs_started == 3
 
 
 def test_dali_loader_core_works_without_tensorflow(id_tree):
@@ -168,7 +168,7 @@ def test_feed_epochs_come_in_chunks(id_tree, kind):
     with pytest.raises(ValueError, match="chunk_size=0"):
         Feed(idx, items, chunk_size=0)
     tf_path = ours(str(id_tree), image_size=(8, 8), batch_size=64, decoder="tf")
-    assert tf_path._dali_loader.chunk_size == 1024  # TF_LOCAL_CHUNK (issue 29)
+    assert tf_path.loader.engine.chunk_size == 1024  # TF_LOCAL_CHUNK (issue 29)
     # With Wuffs (the native op) the graph decodes: the same chunks of paths.
     assert ours(str(id_tree), image_size=(8, 8), batch_size=64,
-                png_decoder="wuffs")._dali_loader.chunk_size == 1024
+                png_decoder="wuffs").loader.engine.chunk_size == 1024

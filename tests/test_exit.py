@@ -156,7 +156,7 @@ root, how, epochs = sys.argv[1], sys.argv[2], int(sys.argv[3])
 ds = image_dataset_from_directory(root, image_size=(64, 64), batch_size=16, seed=1,
                                   verbose=False, decoder="dali", handoff="generator")
 # "tf": the dataset; "dali": the loader's own epochs (DaliBatches), TF-free
-epoch = (lambda: iter(ds)) if how == "tf" else ds._dali_loader.epoch
+epoch = (lambda: iter(ds)) if how == "tf" else ds.loader.engine.epoch
 def rss_mb():
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * 4096 / 2**20

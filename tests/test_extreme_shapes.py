@@ -87,12 +87,12 @@ def test_cpu_default_matches_keras_or_names_the_file(shapes_tree, mode, interpol
         assert "output dimensions must be positive" in str(r)
     ds = ours(str(root), shuffle=False, batch_size=3, on_error="skip", **opts)
     got = _epoch(ds)
-    skipped = ds._dali_loader.skipped
+    skipped = ds.loader.skipped
     assert set(skipped) == {files[n] for n in failing}
     for n in failing:  # the real cause, not storage
         assert "output dimensions must be positive" in skipped[files[n]]
         assert f"pad_to_aspect_ratio, {interpolation}" in skipped[files[n]]
-    kept = [p for p in ds._dali_loader.index.paths if p not in skipped]
+    kept = [p for p in ds.loader.engine.index.paths if p not in skipped]
     assert len(got) == len(kept)
     for name, path in files.items():
         if name not in failing:
@@ -125,8 +125,8 @@ def test_dali_path_delivers_every_file(shapes_tree, mode, interpolation):
     ds = ours(str(root), shuffle=False, batch_size=3, on_error="skip", decoder="dali",
               **_options(mode, interpolation))
     got = _epoch(ds)
-    assert ds._dali_loader.skipped == {} and len(got) == len(files)
-    paths = ds._dali_loader.feed.index.paths
+    assert ds.loader.skipped == {} and len(got) == len(files)
+    paths = ds.loader.engine.feed.index.paths
     assert got.shape[1:] == (*SIZE, 3)
     bound = {"bilinear": 0.05, "nearest": 0.5}.get(interpolation)
     for name, path in files.items():
@@ -156,10 +156,10 @@ def test_pixel_paths_skip_or_name_the_unresizable_file(shapes_tree, tmp_path, in
         ds = ours(str(root), on_error="skip", **opts)
         for _ in range(2):  # a gpu_ready dataset fills its cache in the first epoch
             got = _epoch(ds)
-            skipped = ds._dali_loader.skipped
+            skipped = ds.loader.skipped
             assert set(skipped) == {files["wide"], files["tall"]}, name
             assert all("output dimensions must be positive" in r for r in skipped.values())
-            kept = [p for p in ds._dali_loader.index.paths if p not in skipped]
+            kept = [p for p in ds.loader.engine.index.paths if p not in skipped]
             for n in ("dot", "plain"):
                 np.testing.assert_array_equal(got[kept.index(files[n])], ref[n], err_msg=name)
         with pytest.raises(Exception, match="Cannot resize image file"):

@@ -58,7 +58,7 @@ def slow_mount(tmp_path_factory):
 def test_fuse_mount_is_read_ahead_exactly_once_with_keras_pixels(slow_mount):
     src, mnt, m = slow_mount
     ds = ours(str(mnt), shuffle=False, **KW)
-    loader = ds._dali_loader
+    loader = ds.loader.engine
     assert loader.source.kind is SourceKind.NETWORK_FS  # detected from /proc/mounts
     assert isinstance(loader.items, RawBytes)  # the feed reads, max_in_flight at once
     want_x, want_y = all_rows(keras.utils.image_dataset_from_directory(str(src), shuffle=False,

@@ -154,5 +154,5 @@ def test_stale_manifest_objects_are_caught_when_read(photo_tree, gcs, tmp_path, 
     skip = ours("gs://b", on_error="skip", verbose=False, **kw)
     n = sum(int(x.shape[0]) for x, _ in skip)
     assert n == len(names) - 2
-    assert sorted(os.path.basename(p) for p in skip._dali_loader.skipped) == \
+    assert sorted(os.path.basename(p) for p in skip.loader.skipped) == \
         sorted(os.path.basename(p) for p in (gone, rewritten))

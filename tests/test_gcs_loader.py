@@ -36,12 +36,12 @@ def test_epochs_over_faulty_gcs_are_bit_identical_to_local(photo_tree, gcs, tmp_
         rx, ry = arrays(remote)
         np.testing.assert_array_equal(rx, lx)
         np.testing.assert_array_equal(ry, ly)
-    source = remote._dali_loader.source
+    source = remote.loader.engine.source
     pins = [source.pin(p) for p in remote.file_paths]  # the warm fast path: pinned entries
     assert all(p is not None for p in pins)
     for file, _ in pins:
         source.unpin(file)
-    remote._dali_loader.close()
+    remote.loader.close()
     downloads = sum(server.media_counts.values()) if hasattr(server, "media_counts") else None
     # A new run on the same cache downloads nothing.
     server.reset_counts()
@@ -57,14 +57,14 @@ def test_dali_path_over_faulty_gcs_matches_local(photo_tree, gcs, tmp_path):
     kw = dict(image_size=(40, 56), batch_size=4, shuffle=True, seed=3, verbose=False, decoder="dali")
     local = ours(str(photo_tree), **kw)
     remote = ours("gs://b", cache_dir=str(tmp_path / "cache"), max_in_flight=16, **kw)
-    assert type(remote._dali_loader).__name__ == "DaliBatches"  # DALI decodes the fetched bytes
+    assert type(remote.loader.engine).__name__ == "DaliBatches"  # DALI decodes the fetched bytes
     for _ in range(2):
         lx, ly = arrays(local)
         rx, ry = arrays(remote)
         np.testing.assert_array_equal(rx, lx)
         np.testing.assert_array_equal(ry, ly)
-    remote._dali_loader.close()
-    local._dali_loader.close()
+    remote.loader.close()
+    local.loader.close()
 
 
 def test_split_and_shuffle_match_local(photo_tree, gcs, tmp_path):
@@ -96,7 +96,7 @@ def test_object_that_keeps_failing_is_a_read_error_not_a_bad_image(id_tree, gcs,
     ids = sorted(int(round(float(x[0, 0, 0]) / 10)) for b in ds for x in b.numpy())
     assert ids == [i for i in range(23) if i != 5]
     assert any("gs://b/odd/005.png" in r.getMessage() for r in caplog.records)
-    report = ds._dali_loader.feed.report if decoder == "dali" else ds._dali_loader.report
+    report = ds.loader.engine.feed.report if decoder == "dali" else ds.loader.engine.report
     assert list(report.of_kind("unreadable")) == ["gs://b/odd/005.png"]
     assert report.of_kind("corrupt") == {}
 

@@ -93,7 +93,7 @@ def _cpu_and_gpu(directory, **kw):
 @needs_gpu
 def test_auto_device_is_gpu(photo_tree):
     ds = ours(str(photo_tree), image_size=(32, 32))
-    assert ds._dali_loader.device == "gpu"
+    assert ds.loader.device == "gpu"
 
 
 @pytest.mark.gpu
@@ -128,7 +128,7 @@ def test_fit_on_gpu_shares_memory_with_dali(photo_tree, allocator):
 import numpy as np, keras
 from tf_adapter import image_dataset_from_directory
 ds = image_dataset_from_directory({str(photo_tree)!r}, image_size=(64, 64), batch_size=8)
-assert ds._dali_loader.device == "gpu"
+assert ds.loader.device == "gpu"
 m = keras.Sequential([keras.Input((64, 64, 3)), keras.layers.Conv2D(8, 3),
                       keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(3)])
 m.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))

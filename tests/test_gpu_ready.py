@@ -112,7 +112,7 @@ def test_dataset_matches_keras_and_decodes_each_file_once(suite, tmp_path, decod
             assert diff.max() == 0
         else:
             assert diff.max() < 0.01, diff.max()
-    stats = ds._dali_loader.epoch_stats
+    stats = ds.loader.epoch_stats
     n = len(os.listdir(suite))
     assert [(s["epoch"], s["files"], s["cpu_decodes"]) for s in stats] == [(0, n, n), (1, n, 0)]
     assert stats[1]["cache_hits"] == n
@@ -153,7 +153,7 @@ def test_cache_is_shared_by_later_datasets_and_processes(photo_tree, tmp_path, d
     ds = ours(str(photo_tree), decoder=decoder, gpu_ready="tiff" if form == "tiff" else True,
               cache_dir=str(tmp_path), image_size=(16, 16), shuffle=False, verbose=False)
     assert sum(len(x) for x, _ in ds) == 21
-    (stats,) = ds._dali_loader.epoch_stats
+    (stats,) = ds.loader.epoch_stats
     assert (stats["cpu_decodes"], stats["cache_hits"]) == (0, 21)
 
 
@@ -175,7 +175,7 @@ def test_changed_file_is_decoded_again(id_tree, tmp_path, decoder):
     save(target, arr)
     os.utime(target, ns=(os.stat(target).st_atime_ns, os.stat(target).st_mtime_ns + 10**9))
     assert ids(ds) == sorted([*range(23)][:4] + [22] + [*range(23)][5:])
-    assert ds._dali_loader.epoch_stats[-1]["cpu_decodes"] == 1
+    assert ds.loader.epoch_stats[-1]["cpu_decodes"] == 1
 
 
 @pytest.mark.parametrize("decoder", ["tf", "dali"])
@@ -192,7 +192,7 @@ def test_corrupted_entry_is_detected_and_refilled(id_tree, tmp_path, decoder):
         os.truncate(path, os.path.getsize(path) - 20)
     ds = ours(str(id_tree), **kw)  # a new dataset: a new cache instance, nothing verified yet
     assert ids(ds) == list(range(23))
-    assert ds._dali_loader.epoch_stats[-1]["cpu_decodes"] == 23
+    assert ds.loader.epoch_stats[-1]["cpu_decodes"] == 23
 
 
 @pytest.mark.parametrize("decoder", ["tf", "dali"])
@@ -207,7 +207,7 @@ def test_bounded_cache_evicts_and_stays_exact(photo_tree, tmp_path, decoder):
         assert len(got) == len(want) == 6
         for g, w in zip(got, want):
             np.testing.assert_allclose(g, w, atol=0 if decoder == "tf" else 0.01)
-    stats = small._dali_loader.epoch_stats
+    stats = small.loader.epoch_stats
     assert all(s["files"] == 21 for s in stats)
     assert stats[-1]["cpu_decodes"] > 0  # the bound forced evictions
     used = sum(os.path.getsize(os.path.join(d, f))
@@ -234,8 +234,8 @@ def test_bad_files_raise_by_name_or_are_skipped_exactly_once(pngs, id_tree, tmp_
     ds = ours(str(root), on_error="skip", **kw)
     for _ in range(2):  # the second epoch from the cache
         assert ids(ds) == list(range(23))
-    assert sorted(os.path.basename(p) for p in ds._dali_loader.skipped) == [p.name for p in bad]
-    assert [s["cpu_decodes"] for s in ds._dali_loader.epoch_stats][-1] == 0
+    assert sorted(os.path.basename(p) for p in ds.loader.skipped) == [p.name for p in bad]
+    assert [s["cpu_decodes"] for s in ds.loader.epoch_stats][-1] == 0
 
 
 def test_gs_source_caches_entries_not_pngs(photo_tree, tmp_path, gcs):
@@ -249,7 +249,7 @@ def test_gs_source_caches_entries_not_pngs(photo_tree, tmp_path, gcs):
     for _ in range(2):
         for g, w in zip([x.numpy() for x, _ in ds], want):
             np.testing.assert_array_equal(g, w)
-    assert [s["cpu_decodes"] for s in ds._dali_loader.epoch_stats] == [21, 0]
+    assert [s["cpu_decodes"] for s in ds.loader.epoch_stats] == [21, 0]
     ds.close()
     headers = []
     for d, _, fs in os.walk(tmp_path / "v1" / "objects"):
@@ -272,19 +272,25 @@ def test_forms_round_trip_and_reject_bad_input():
 
 
 def test_gpu_ready_values_and_default_off(photo_tree, tmp_path):
-    from dali_loader.decode.ready_forms import resolve_gpu_ready
+    from dali_loader.plan import Environment, Options, check, resolve
+    from dali_loader.storage.source import SourceKind
 
-    assert resolve_gpu_ready(None) is None and resolve_gpu_ready(False) is None
-    assert resolve_gpu_ready(True) is ReadyForm.RAW and resolve_gpu_ready("raw") is ReadyForm.RAW
-    assert resolve_gpu_ready("tiff") is ReadyForm.TIFF
+    env = Environment(tf_gpus=0, wuffs=True, dali_png_op=True, source_kind=SourceKind.LOCAL_DISK)
+
+    def form(value):
+        return resolve(Options(gpu_ready=value, decoder="dali"), env).cache_form
+
+    assert form(None) is None and form(False) is None
+    assert form(True) is ReadyForm.RAW and form("raw") is ReadyForm.RAW
+    assert form("tiff") is ReadyForm.TIFF
     for bad in (1, "yes", 0):
         with pytest.raises(ValueError, match=f"Received: gpu_ready={bad!r}"):
-            resolve_gpu_ready(bad)
+            check(Options(gpu_ready=bad), env)
     with pytest.raises(ValueError, match="gpu_ready=\"tiff\" stores TIFFs for DALI"):
         ours(str(photo_tree), gpu_ready="tiff", decoder="tf", cache_dir=str(tmp_path))
     ds = ours(str(photo_tree), image_size=(8, 8), verbose=False, cache_dir=str(tmp_path))
     sum(1 for _ in ds)
-    assert ds._dali_loader.epoch_stats[0]["cpu_decodes"] == 21  # TF decodes every PNG
+    assert ds.loader.epoch_stats[0]["cpu_decodes"] == 21  # TF decodes every PNG
     assert not os.path.exists(tmp_path / "v1")
 
 
@@ -332,4 +338,4 @@ def test_gpu_cached_epochs_do_no_cpu_decode(photo_tree, tmp_path):
     for _ in range(2):
         diff = np.abs(np.concatenate([x.numpy() for x, _ in ds]) - ref)
         assert diff.mean() < 0.05 and diff.max() <= 4.0  # GPU resize: float rounding
-    assert [s["cpu_decodes"] for s in ds._dali_loader.epoch_stats] == [21, 0]
+    assert [s["cpu_decodes"] for s in ds.loader.epoch_stats] == [21, 0]

@@ -21,13 +21,10 @@ from tensorflow.python.framework import kernels  # noqa: E402
 from dali_loader.api import open_index  # noqa: E402
 from dali_loader.decode.spec import ImageSpec  # noqa: E402
 from dali_loader.tfdata import dali_plugin  # noqa: E402
-from dali_loader.tfdata.dali_plugin import (  # noqa: E402
-    _TRANSFORMATIONS,
-    GPU_TRANSFORMATIONS,
-    Handoff,
-    resolve_handoff,
-)
+from dali_loader.plan import Handoff, Options, resolve  # noqa: E402
+from dali_loader.tfdata.dali_plugin import _TRANSFORMATIONS, GPU_TRANSFORMATIONS  # noqa: E402
 from dali_loader.tfdata.dataset import make_loader, to_tf_dataset  # noqa: E402
+from helpers import gpu_handoff, on_a_gpu  # noqa: E402
 from tf_adapter import image_dataset_from_directory as ours  # noqa: E402
 
 SPEC = ImageSpec(8, 8)
@@ -78,10 +75,10 @@ def gpu_graph(id_tree, monkeypatch):
     def build(handoff, chain=lambda ds: ds):
         graph = tf.Graph()
         with graph.as_default():
-            loader = make_loader(source, index, SPEC, batch_size=4, shuffle=False, seed=1,
-                                 device="gpu", num_threads=1)
-            handoff = resolve_handoff(handoff, device="gpu", on_error="raise", batch_size=4)
-            ds = to_tf_dataset(loader, SPEC, 4, "int", 2, handoff=handoff)
+            plan = resolve(Options(device="gpu", handoff=handoff, num_threads=1, batch_size=4),
+                           on_a_gpu())
+            loader = make_loader(source, index, SPEC, plan, batch_size=4, shuffle=False, seed=1)
+            ds = to_tf_dataset(loader, SPEC, 4, "int", 2)
             chain(ds)
         return graph, ds
 
@@ -145,13 +142,11 @@ def test_tf_registers_no_gpu_kernel_for_the_refused_ops(op_type):
 
 
 def test_resolution_never_picks_the_gpu_resident_plugin():
-    pick = dict(device="gpu", batch_size=32)
-    assert resolve_handoff(None, on_error="raise", **pick) is Handoff.PLUGIN
-    assert resolve_handoff(None, on_error="skip", gpu_ready=True, **pick) is Handoff.PLUGIN
-    assert resolve_handoff(None, on_error="skip", **pick) is Handoff.GENERATOR
-    assert resolve_handoff(None, on_error="raise", device="cpu", batch_size=32) \
-        is Handoff.GENERATOR
-    assert resolve_handoff("plugin-gpu", on_error="raise", **pick) is Handoff.PLUGIN_GPU
+    assert gpu_handoff(on_error="raise") is Handoff.PLUGIN
+    assert gpu_handoff(on_error="skip", gpu_ready=True) is Handoff.PLUGIN
+    assert gpu_handoff(on_error="skip") is Handoff.GENERATOR
+    assert gpu_handoff(device="cpu", decoder="dali") is Handoff.GENERATOR
+    assert gpu_handoff(handoff="plugin-gpu") is Handoff.PLUGIN_GPU
 
 
 def test_plugin_gpu_needs_a_gpu(id_tree):

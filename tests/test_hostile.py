@@ -78,7 +78,7 @@ def test_mutated_pngs_cost_only_themselves(mutants, path, mode):
     ds = ours(str(mutants), color_mode=mode, image_size=SIZE, shuffle=False, batch_size=8,
               on_error="skip", **PATHS[path])
     images = _epoch(ds)
-    skipped = ds._dali_loader.skipped
+    skipped = ds.loader.skipped
     delivered = [p for p in ds.file_paths if p not in skipped]
     assert delivered == list(ref)
     assert len(images) == len(ref)
@@ -110,10 +110,10 @@ def test_big_png_route_delivers_what_tf_decodes(mutants, mode, png_decoder, monk
     ds = ours(str(mutants), color_mode=mode, image_size=SIZE, shuffle=False, batch_size=8,
               on_error="skip", decoder="dali", png_decoder=png_decoder)
     images = _epoch(ds)
-    skipped = ds._dali_loader.skipped
+    skipped = ds.loader.skipped
     assert [p for p in ds.file_paths if p not in skipped] == list(ref)
     # Batches replayed after a file killed the pipeline are decoded again.
-    assert ds._dali_loader.epoch_stats[-1]["host_png_decodes"] >= len(ref)
+    assert ds.loader.epoch_stats[-1]["host_png_decodes"] >= len(ref)
     want = np.stack(list(ref.values()))
     assert np.abs(images - want).mean(axis=(1, 2, 3)).max() < 1.0
 
@@ -141,7 +141,7 @@ def test_dali_path_delivers_what_tf_decodes_on_many_mutants(many_mutants, mode):
     ds = ours(str(many_mutants), color_mode=mode, image_size=SIZE, shuffle=False,
               batch_size=16, on_error="skip", decoder="dali")
     assert len(_epoch(ds)) == len(ref)
-    skipped = ds._dali_loader.skipped
+    skipped = ds.loader.skipped
     assert [p for p in ds.file_paths if p not in skipped] == list(ref)
 
 
@@ -173,7 +173,7 @@ def test_huge_header_is_refused_naming_the_file(bomb_tree, tmp_path, path):
     ds = ours(str(bomb_tree), image_size=SIZE, shuffle=False, batch_size=2,
               on_error="skip", max_pixels=None, **kw)
     assert len(_epoch(ds)) == 2
-    assert "over the limit" not in ds._dali_loader.skipped[str(bomb_tree / "a" / "zz_bomb.png")]
+    assert "over the limit" not in ds.loader.skipped[str(bomb_tree / "a" / "zz_bomb.png")]
 
 
 @pytest.mark.parametrize("path", ["cpu", "dali", "ready"])
@@ -191,7 +191,7 @@ def test_non_utf8_name_is_read(tmp_path, pngs, path):
     ds = ours(str(tmp_path), image_size=SIZE, shuffle=False, batch_size=2, on_error="skip",
               **kw)
     images = _epoch(ds)
-    assert ds._dali_loader.skipped == {}
+    assert ds.loader.skipped == {}
     assert str(tmp_path / "a" / odd) in ds.file_paths
     assert len(images) == 2 and np.array_equal(images[0], images[1])
 
@@ -203,7 +203,7 @@ def test_dangling_symlink_named_as_such(tmp_path, pngs, path):
     os.symlink(tmp_path / "gone" / "target.png", tmp_path / "a" / "link.png")
     ds = ours(str(tmp_path), image_size=SIZE, shuffle=False, on_error="skip", **PATHS[path])
     assert len(_epoch(ds)) == 1
-    reason = ds._dali_loader.skipped[str(tmp_path / "a" / "link.png")]
+    reason = ds.loader.skipped[str(tmp_path / "a" / "link.png")]
     assert "dangling symbolic link" in reason and "target.png" in reason
 
 
@@ -218,7 +218,7 @@ def epochs(cache, kw, n):
               verbose=False, **kw)
     for _ in range(n):
         got = sum(int(x.shape[0]) for x, _ in ds)
-        stats = ds._dali_loader.epoch_stats[-1]
+        stats = ds.loader.epoch_stats[-1]
         yield got, stats.get("cache_hits", 0), stats.get("cache_fills", 0)
 
 
@@ -341,7 +341,7 @@ else:
     from tf_adapter import image_dataset_from_directory as ours
     ds = ours(root, image_size=(64, 64), batch_size=4, verbose=False, on_error="skip", **kw)
 n = [sum(int(x.shape[0]) for x, _ in ds) for _ in range(2 if "ready" in path else 1)]
-loader = getattr(ds, "_dali_loader", None)
+loader = getattr(ds, "loader", None)
 skipped = getattr(loader, "skipped", {})
 host = sum(s.get("host_png_decodes", 0) for s in getattr(loader, "epoch_stats", []))
 print("RESULT", n, len(skipped), host, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss << 10)
@@ -411,7 +411,7 @@ ds = ours(root, decoder="dali", on_error="skip", image_size=(16, 16), batch_size
 for e in range(epochs):
     n = sum(int(x.shape[0]) for x, _ in ds)
     print("EPOCH", e, n, flush=True)
-for path, reason in sorted(ds._dali_loader.skipped.items()):
+for path, reason in sorted(ds.loader.skipped.items()):
     print("SKIPPED", os.path.basename(path), reason, flush=True)
 """
 

@@ -56,7 +56,7 @@ def test_two_interleaved_iterators_each_yield_every_file_once(id_tree, decoder, 
     assert sorted(seen_a) == list(range(23))
     assert sorted(seen_b) == list(range(23))
     assert seen_a != seen_b  # two epochs: two permutations
-    assert ds._dali_loader.skipped == {}
+    assert ds.loader.skipped == {}
     # And the epoch after them is whole too.
     assert sorted(i for x in ds for i in ids(x)) == list(range(23))
 
@@ -81,7 +81,7 @@ def test_next_iter_then_full_epochs_and_fit(id_tree, decoder, on_error):
     model.fit(ds, epochs=2, verbose=0, callbacks=[batch_counter(counts)])
     assert counts == [6, 6]
     assert sorted(i for x, _ in ds for i in ids(x)) == list(range(23))
-    assert ds._dali_loader.skipped == {}
+    assert ds.loader.skipped == {}
     del it
 
 
@@ -91,7 +91,7 @@ def test_many_abandoned_iterators_leave_nothing_behind(id_tree, decoder):
     thread: at most 4 over the most seen during the warm-up, so a leak of even one
     thread per 7 iterators fails."""
     ds = make(id_tree, decoder, "raise", batch_size=2)
-    loader = ds._dali_loader
+    loader = ds.loader.engine
 
     def abandon(n: int) -> int:
         most = 0
@@ -108,7 +108,7 @@ def test_many_abandoned_iterators_leave_nothing_behind(id_tree, decoder):
     if decoder == "tf-wuffs":  # every abandoned epoch was closed (its reads stopped)
         assert len(loader.epoch_tallies) >= 40
     elif decoder == "tf":
-        assert len(ds._dali_audits) <= 1  # no auditor per abandoned iterator
+        assert ds.loader.open_iterations <= 1  # no auditor per abandoned iterator
     else:
         assert len(loader._idle) <= 2  # abandoned epochs drop their pipelines
     assert after <= warm + 4, (warm, after)  # one read pool, bounded
@@ -150,8 +150,8 @@ def test_dataset_garbage_collected_or_closed_releases_its_source(id_tree, gcs, t
     kw = dict(label_mode=None, image_size=(8, 8), batch_size=4, verbose=False,
               cache_dir=str(tmp_path / "c"))
     train, val = ours("gs://b", validation_split=0.3, subset="both", seed=1, **kw)
-    source = train._dali_loader.source
-    assert val._dali_loader.source is source  # one listing, one cache, one client
+    source = train.loader.engine.source
+    assert val.loader.engine.source is source  # one listing, one cache, one client
     for _ in train:
         pass
     train.close()
@@ -162,14 +162,14 @@ def test_dataset_garbage_collected_or_closed_releases_its_source(id_tree, gcs, t
     for on_error in ON_ERROR:
         with contextlib.closing(ours("gs://b", on_error=on_error, **kw)) as ds:  # ds.close()
             assert sum(int(x.shape[0]) for x in ds) == 23
-        assert not ds._dali_loader.source._finalizer.alive
+        assert not ds.loader.engine.source._finalizer.alive
         with pytest.raises(Exception, match="This dataset was closed"):  # never an empty epoch
             next(iter(ds))
 
     ds = ours("gs://b", **kw)
     for _ in ds:
         pass
-    finalizer = ds._dali_loader.source._finalizer
+    finalizer = ds.loader.engine.source._finalizer
     assert finalizer.alive
     del ds
     wait_for(collected(lambda: not finalizer.alive))
@@ -211,6 +211,6 @@ def test_cache_a_third_of_the_dataset_trains_every_file(noise_tree, gcs, tmp_pat
         rx, ry = zip(*[(x.numpy(), y.numpy()) for x, y in remote])
         np.testing.assert_array_equal(np.concatenate(rx), np.concatenate(lx))
         np.testing.assert_array_equal(np.concatenate(ry), np.concatenate(ly))
-    assert remote._dali_loader.skipped == {}
-    cache = remote._dali_loader.source.remote.cache
+    assert remote.loader.skipped == {}
+    cache = remote.loader.engine.source.remote.cache
     assert cache.stats().bytes <= total // 3  # the bound held

@@ -73,7 +73,7 @@ def test_every_file_once_per_epoch_and_reshuffled(id_tree):
     for seen in epochs:
         assert sorted(seen) == list(range(23))
     assert epochs[0] != epochs[1] != epochs[2]
-    assert ds._dali_loader.skipped == {}
+    assert ds.loader.skipped == {}
 
 
 @pytest.mark.parametrize("on_error", ["raise", "skip"])
@@ -159,7 +159,7 @@ def test_skip_keeps_every_good_file_once_and_reports_every_bad_one(bad_tree, cap
         assert str(root / "odd" / "zlib.png") in named
     for _ in range(2):
         assert sorted(i for x in ds for i in ids(x)) == list(range(23))
-    assert set(ds._dali_loader.skipped) == set(bad)
+    assert set(ds.loader.skipped) == set(bad)
     reported = {r.getMessage().split(": ")[0].removeprefix("Skipping ")
                 .removesuffix(" from the next epoch on") for r in caplog.records}
     assert set(bad) <= reported
@@ -176,7 +176,7 @@ def test_decode_failure_past_the_checks_names_the_file(bad_tree, tmp_path, png_d
         with pytest.raises(error, match="3b.png"):
             for _ in ds:
                 pass
-    assert ds._dali_loader.skipped == {}
+    assert ds.loader.skipped == {}
     assert sum(int(x.shape[0]) for x in make(only.parent / "one", "generator", shuffle=False,
                                              on_error="skip", batch_size=3)) == 6
 
@@ -187,18 +187,18 @@ def test_with_the_gpu_ready_cache_skip_holds_through_the_plugin(bad_tree, tmp_pa
     the feed instead, in every epoch, and each good file comes once per epoch,
     first from the PNGs and then from the cache. The default handoff on a GPU
     is then the plugin for `skip` too."""
-    from dali_loader.tfdata.dali_plugin import Handoff, resolve_handoff
+    from dali_loader.plan import Handoff
+    from helpers import gpu_handoff
 
     root, bad = bad_tree
     ds = make(root, shuffle=True, seed=3, batch_size=5, on_error="skip", gpu_ready=True,
               cache_dir=str(tmp_path))
     for _ in range(3):
         assert sorted(i for x in ds for i in ids(x)) == list(range(23))
-    assert set(ds._dali_loader.skipped) == set(bad)
-    assert [s["cpu_decodes"] for s in ds._dali_loader.epoch_stats] == [23, 0, 0]
-    pick = dict(device="gpu", on_error="skip", batch_size=8)
-    assert resolve_handoff(None, **pick, gpu_ready=True) is Handoff.PLUGIN
-    assert resolve_handoff(None, **pick) is Handoff.GENERATOR
+    assert set(ds.loader.skipped) == set(bad)
+    assert [s["cpu_decodes"] for s in ds.loader.epoch_stats] == [23, 0, 0]
+    assert gpu_handoff(on_error="skip", batch_size=8, gpu_ready=True) is Handoff.PLUGIN
+    assert gpu_handoff(on_error="skip", batch_size=8) is Handoff.GENERATOR
 
 
 def test_handoff_errors_echo_the_value(id_tree):
@@ -223,7 +223,7 @@ def test_gpu_batches_placed_by_the_handoff_match_the_cpu(photo_tree, handoff, wh
     args = dict(label_mode="int", image_size=(48, 64), batch_size=8, shuffle=False,
                 verbose=False)
     gpu = ours(str(photo_tree), device="gpu", handoff=handoff, **args)
-    assert gpu._dali_loader.device == "gpu"
+    assert gpu.loader.device == "gpu"
     assert gpu.element_spec[0].shape[1:] == (48, 64, 3)
     got = list(gpu)
     for x, y in got:
@@ -246,7 +246,7 @@ import warnings, numpy as np, keras
 from tf_adapter import image_dataset_from_directory
 train, val = image_dataset_from_directory({str(photo_tree)!r}, image_size=(64, 64), batch_size=8,
                                           validation_split=0.25, subset="both", seed=1)
-assert train._dali_loader.device == "gpu" and type(train).__name__ == "NamingDataset"
+assert train.loader.device == "gpu" and type(train).__name__ == "NamingDataset"
 train = train.map(lambda x, y: (keras.layers.RandomFlip()(x, training=True), y)).prefetch(2)
 m = keras.Sequential([keras.Input((64, 64, 3)), keras.layers.Conv2D(8, 3),
                       keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(3)])

@@ -78,7 +78,7 @@ def test_keras_pixels_labels_and_counts(mixed_tree, color_mode):
     x, y = _epoch(ds)
     assert np.abs(x - ref_x).max() < 0.01  # DALI's resize: float rounding only
     np.testing.assert_array_equal(y, ref_y)
-    loader = ds._dali_loader
+    loader = ds.loader
     assert [(s["epoch"], s["files"], s["gpu_png_decodes"], s["cpu_decodes"])
             for s in loader.epoch_stats] == [(0, 24, 23, 1)]
 
@@ -95,7 +95,7 @@ def test_two_shuffled_epochs_every_file_once_with_its_label(mixed_tree):
         np.testing.assert_array_equal(y, ref_y[which])
         orders.append(list(which))
     assert orders[0] != orders[1]  # a new order per epoch
-    assert [(s["gpu_png_decodes"], s["cpu_decodes"]) for s in ds._dali_loader.epoch_stats] \
+    assert [(s["gpu_png_decodes"], s["cpu_decodes"]) for s in ds.loader.epoch_stats] \
         == [(23, 1), (23, 1)]
 
 
@@ -130,7 +130,7 @@ def test_two_iterators_at_once_each_get_every_file_once(mixed_tree):
         assert dist.max() < 0.01 and sorted(which) == list(range(len(ref_x)))
         np.testing.assert_array_equal(y, ref_y[which])
     assert sorted((s["gpu_png_decodes"], s["cpu_decodes"])
-                  for s in ds._dali_loader.epoch_stats) == [(23, 1), (23, 1)]
+                  for s in ds.loader.epoch_stats) == [(23, 1), (23, 1)]
 
 
 def test_corrupt_png_named_under_raise(corrupt_tree):
@@ -149,9 +149,9 @@ def test_corrupt_png_skipped_and_recorded_labels_still_right(corrupt_tree, id_tr
         which, dist = _match(x, ref_x)
         assert dist.max() < 0.01 and sorted(which) == list(range(23))
         np.testing.assert_array_equal(y, ref_y[which])
-    assert list(ds._dali_loader.skipped) == [str(corrupt_tree / "even" / "scrambled.png")]
+    assert list(ds.loader.skipped) == [str(corrupt_tree / "even" / "scrambled.png")]
     # The corrupt file went to the CPU decoder (a Fallback), which rejected it.
-    assert [(s["gpu_png_decodes"], s["cpu_decodes"]) for s in ds._dali_loader.epoch_stats] \
+    assert [(s["gpu_png_decodes"], s["cpu_decodes"]) for s in ds.loader.epoch_stats] \
         == [(23, 1), (23, 1)]
 
 
@@ -170,17 +170,18 @@ def test_argument_errors(id_tree, kw, message):
 
 def test_generator_handoff_is_picked_and_default_is_off(id_tree):
     from dali_loader.decode.dali_graph import Input
-    from dali_loader.tfdata.dali_plugin import Handoff, resolve_handoff
+    from dali_loader.plan import Handoff
+    from helpers import gpu_handoff
 
     # On a GPU None would pick the plugin; with the GPU PNG decoder, the generator.
-    assert resolve_handoff(None, device="gpu", on_error="raise", batch_size=8,
-                           png_gpu=True) is Handoff.GENERATOR
+    assert gpu_handoff(batch_size=8) is Handoff.PLUGIN
+    assert gpu_handoff(batch_size=8, png_decoder="gpu") is Handoff.GENERATOR
     ds = ours(str(id_tree), decoder="dali", png_decoder="gpu", handoff="generator", **KW)
-    assert ds._dali_loader.input is Input.PIXELS and ds._dali_loader.png.device == "cpu"
+    assert ds.loader.engine.input is Input.PIXELS and ds.loader.engine.png.device == "cpu"
     off = ours(str(id_tree), decoder="dali", **KW)  # DALI decodes the files
-    assert off._dali_loader.input is Input.FILES and off._dali_loader.png is None
+    assert off.loader.engine.input is Input.FILES and off.loader.engine.png is None
     wuffs = ours(str(id_tree), decoder="dali", png_decoder="wuffs", **KW)  # PNGs before DALI
-    assert wuffs._dali_loader.input is Input.FILES_OR_RAW and wuffs._dali_loader.png is None
+    assert wuffs.loader.engine.input is Input.FILES_OR_RAW and wuffs.loader.engine.png is None
 
 
 def test_cpu_without_the_simulator_refused(monkeypatch):

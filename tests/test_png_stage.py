@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from conftest import _photo, save
+from dali_loader import probes
 from dali_loader.decode import png_cpu, png_stage
 from dali_loader.decode.png_cpu import Fallback, decode_png
 from dali_loader.decode.png_stage import KerasPixels, RawOrCheckedItems
@@ -102,7 +103,7 @@ def test_every_file_once_with_its_label_keras_pixels(trees, png_trees, decoder, 
     ref = _reference(clean, color_mode)
     ds = ours(str(mixed), color_mode=color_mode, image_size=SIZE, batch_size=5, shuffle=True,
               seed=3, on_error="skip", decoder=decoder, verbose=False, png_decoder="wuffs")
-    loader = ds._dali_loader
+    loader = ds.loader.engine
     items = loader.feed.items if decoder else loader.items
     # The CPU default decodes in TF's graph, PNGs by the native core's op (tf_png).
     assert isinstance(items, RawOrCheckedItems if decoder else Paths)
@@ -148,7 +149,7 @@ def test_big_pngs_among_raw_entries(png_trees, color_mode, monkeypatch):
     ds = ours(str(clean), **kw)
     for _ in range(2):
         np.testing.assert_array_equal(np.concatenate([x.numpy() for x, _ in ds]), want)
-        assert ds._dali_loader.epoch_stats[-1]["host_png_decodes"] == 6
+        assert ds.loader.epoch_stats[-1]["host_png_decodes"] == 6
 
 
 @pytest.mark.parametrize("png_decoder", [None, "libpng"])
@@ -158,11 +159,11 @@ def test_png_decoder_libpng_keeps_tfs_own_path(trees, png_decoder):
     mixed, clean = trees
     ds = ours(str(clean), image_size=SIZE, batch_size=4, shuffle=False, verbose=False,
               png_decoder=png_decoder)
-    assert isinstance(ds._dali_loader.items, Paths)
+    assert isinstance(ds.loader.engine.items, Paths)
     ref = _reference(clean, "rgb")
     got = np.concatenate([x.numpy() for x, _ in ds])
     np.testing.assert_array_equal(got, np.stack([r for r, _ in ref.values()]))
-    assert "png_fast" not in ds._dali_loader.epoch_stats[-1]
+    assert "png_fast" not in ds.loader.epoch_stats[-1]
 
 
 def test_png_decoder_arguments(trees, monkeypatch, caplog, tmp_path):
@@ -175,14 +176,14 @@ def test_png_decoder_arguments(trees, monkeypatch, caplog, tmp_path):
     monkeypatch.setattr(png_cpu, "available", lambda: False)
     with pytest.raises(ImportError, match="pip install pywuffs"):  # the DALI path's Wuffs
         ours(str(clean), png_decoder="wuffs", decoder="dali", verbose=False)
-    monkeypatch.setattr(png_stage, "_said_missing", png_stage.threading.Event())
-    with caplog.at_level(logging.WARNING, logger="dali_loader.decode.png_stage"):
+    monkeypatch.setattr(probes, "_said", set())
+    with caplog.at_level(logging.WARNING, logger="dali_loader.probes"):
         ds = ours(str(clean), image_size=SIZE, verbose=False)  # the op: nothing to say
-        assert isinstance(ds._dali_loader.items, Paths)
+        assert isinstance(ds.loader.engine.items, Paths)
         for i in range(2):  # a GPU-ready cache fills with libpng instead: said once
             ds = ours(str(clean), image_size=SIZE, verbose=False, gpu_ready=True,
                       cache_dir=str(tmp_path / str(i)))
-            assert not isinstance(ds._dali_loader.items.ready.decode, KerasPixels)
+            assert not isinstance(ds.loader.engine.items.ready.decode, KerasPixels)
     said = [r for r in caplog.records if "Wuffs" in r.getMessage()]
     assert len(said) == 1 and "libpng" in said[0].getMessage()
 
@@ -192,7 +193,7 @@ def test_gpu_ready_fill_decodes_with_wuffs(trees, tmp_path):
     ref = _reference(clean, "rgb")
     ds = ours(str(clean), image_size=SIZE, batch_size=None, shuffle=False, verbose=False,
               gpu_ready=True, cache_dir=str(tmp_path))
-    decode = ds._dali_loader.items.ready.decode
+    decode = ds.loader.engine.items.ready.decode
     assert isinstance(decode, KerasPixels)
     for _ in range(2):
         got = [x.numpy() for x, _ in ds]
@@ -200,7 +201,7 @@ def test_gpu_ready_fill_decodes_with_wuffs(trees, tmp_path):
     pngs = sum(1 for n in ref if n.endswith(".png"))
     assert decode.counts["png_fast"] + decode.counts["png_fallbacks"] == pngs  # filled once
     assert decode.counts["png_fast"] >= 10
-    stats = ds._dali_loader.epoch_stats
+    stats = ds.loader.epoch_stats
     assert stats[0]["cache_fills"] == len(ref) and stats[1].get("cache_fills", 0) == 0
     assert collections.Counter(s["cpu_decodes"] for s in stats) == {len(ref): 1, 0: 1}
 
@@ -213,6 +214,7 @@ def test_gpu_folder_with_jpegs_keeps_dalis_decoder(trees, png_trees):
     from dali_loader.decode.dali_graph import Input
     from dali_loader.decode.spec import ImageSpec
     from dali_loader.feed.items import CheckedBytes
+    from dali_loader.plan import Environment, Options, has_jpegs, resolve
     from dali_loader.tfdata.dataset import make_loader
 
     spec = ImageSpec(*SIZE, 3, "bilinear", False, False, False)
@@ -220,7 +222,9 @@ def test_gpu_folder_with_jpegs_keeps_dalis_decoder(trees, png_trees):
                                      (png_trees, Input.FILES_OR_RAW, RawOrCheckedItems)):
         src, index = open_index(str(mixed))
         with src:
-            loader = make_loader(src, index, spec, batch_size=4, shuffle=False, seed=0,
-                                 device="gpu", png_decoder="wuffs")
+            gpu = Environment(tf_gpus=1, dali_gpus=1, wuffs=True, dali_tf_plugin=True,
+                              source_kind=src.kind, has_jpegs=has_jpegs(index.paths))
+            plan = resolve(Options(device="gpu", png_decoder="wuffs", batch_size=4), gpu)
+            loader = make_loader(src, index, spec, plan, batch_size=4, shuffle=False, seed=0)
             assert loader.input is input and type(loader.feed.items) is items
             loader.close()

@@ -85,7 +85,7 @@ def test_bad_files_anywhere_are_named_and_the_rest_delivered_once(tmp_path, monk
     _tree(tmp_path / "data", n, bad)
     ds = ours(str(tmp_path / "data"), image_size=(4, 4), batch_size=batch_size,
               shuffle=False, on_error="skip", verbose=False)
-    reads = ds._dali_loader  # the feed
+    reads = ds.loader
     for _ in range(2):
         if batch_size is None:
             got = [(int(round(x.numpy()[0, 0, 0])) + 256 * int(round(x.numpy()[0, 0, 1])),
@@ -98,7 +98,7 @@ def test_bad_files_anywhere_are_named_and_the_rest_delivered_once(tmp_path, monk
         assert labels == [i % 2 for i in ids]
     assert sorted(reads.skipped) == sorted(str(tmp_path / "data" / f"c{i % 2}" / f"{i:04d}.png")
                                            for i in bad)
-    assert (dataset_mod._Reads.of(reads.items) is dataset_mod._Reads.PATHS) == marker_file
+    assert (dataset_mod._Reads.of(reads.engine.items) is dataset_mod._Reads.PATHS) == marker_file
 
 
 def test_remote_style_reads_keep_offsets(tmp_path):
@@ -141,7 +141,7 @@ def test_headers_are_read_once_per_file_while_they_pass(tmp_path, monkeypatch):
             assert sorted(peeks) == sorted(str(p) for p in tmp_path.glob("c*/*.png"))
         else:  # then only the refused one
             assert peeks[41:] == [str(bomb)] * epoch
-    assert "over the limit of 100000000" in ds._dali_loader.skipped[str(bomb)]
+    assert "over the limit of 100000000" in ds.loader.skipped[str(bomb)]
 
 
 def test_the_audit_of_a_gone_dataset_passes_batches_through():

@@ -18,8 +18,10 @@ import pytest
 import tensorflow as tf
 
 from conftest import _photo, save
-from dali_loader.decode import png_stage, tf_png
-from dali_loader.decode.png_stage import PngDecoder, png_route
+from dali_loader import probes
+from dali_loader.decode import tf_png
+from dali_loader.plan import Options, PngDecoder, PngWhere, resolve
+from dali_loader.storage.source import SourceKind
 from dali_loader.errors import CorruptImageError
 from dali_loader.testing import mutate, png_corpus
 from dali_loader.testing.pngs import encode_png
@@ -224,7 +226,7 @@ def test_dataset_is_keras_bit_for_bit(trees, color_mode):
     ref = _keras(clean, color_mode)
     ds = ours(str(clean), color_mode=color_mode, image_size=SIZE, batch_size=16, shuffle=False,
               verbose=False, png_decoder="wuffs")
-    assert ds._dali_loader.png_decoder is PngDecoder.WUFFS
+    assert ds.loader.plan.png_epoch is PngDecoder.WUFFS
     assert b"DaliLoaderDecodePng" in _serialized(ds)
     got_x, got_y = zip(*[(x.numpy(), y.numpy()) for x, y in ds])
     ref_x, ref_y = zip(*[(x.numpy(), y.numpy()) for x, y in ref])
@@ -240,14 +242,14 @@ def test_two_shuffled_epochs_exactly_once_bad_files_recorded(trees, color_mode):
         for x, y in zip(xb.numpy(), yb.numpy()))
     ds = ours(str(mixed), color_mode=color_mode, image_size=SIZE, batch_size=16, shuffle=True,
               seed=7, on_error="skip", verbose=False)  # the default: the op where built
-    assert ds._dali_loader.png_decoder is PngDecoder.WUFFS
+    assert ds.loader.plan.png_epoch is PngDecoder.WUFFS
     orders = []
     for _ in range(2):
         got = [(x.tobytes(), int(y)) for xb, yb in ds for x, y in zip(xb.numpy(), yb.numpy())]
         assert collections.Counter(got) == ref  # every good file once, with its label
         orders.append(got)
     assert orders[0] != orders[1]
-    assert sorted(ds._dali_loader.skipped) == bad
+    assert sorted(ds.loader.skipped) == bad
 
 
 def test_corrupt_file_named_under_raise(tmp_path):
@@ -258,7 +260,7 @@ def test_corrupt_file_named_under_raise(tmp_path):
     broken = tmp_path / "a" / "photo_zz_adler.png"
     broken.write_bytes(png_corpus.corrupt_corpus()["xk_bad_adler.png"])
     ds = ours(str(tmp_path), image_size=SIZE, batch_size=4, shuffle=False, verbose=False)
-    assert ds._dali_loader.png_decoder is PngDecoder.WUFFS
+    assert ds.loader.plan.png_epoch is PngDecoder.WUFFS
     with pytest.raises((CorruptImageError, tf.errors.OpError)) as err:
         for _ in ds:
             pass
@@ -270,19 +272,24 @@ def test_libpng_forces_tfs_decoder(trees):
     mixed, clean, bad = trees
     ds = ours(str(clean), image_size=SIZE, batch_size=16, shuffle=False, verbose=False,
               png_decoder="libpng")
-    assert ds._dali_loader.png_decoder is PngDecoder.LIBPNG
+    assert ds.loader.plan.png_epoch is PngDecoder.LIBPNG
     assert b"DaliLoaderDecodePng" not in _serialized(ds)
 
 
 def test_routes():
-    assert png_route() == png_stage.PngRoute("wuffs", "tf-op")
-    assert png_route("libpng").where == "tf"
-    assert png_route(service=True).where == "tf"  # the service's workers: TF's graph
+    """Where PNGs are decoded on this machine, by its probes (tests/test_plan.py injects
+    the others: a GPU, a folder with JPEGs, nothing built)."""
     from dali_loader.decode import dali_png
 
-    assert png_route(decoder="dali").where == ("dali-op" if dali_png.available() else "dali")
-    assert png_route(decoder="dali", png_decoder="libpng").where == "dali"
-    assert png_route(device="gpu", jpegs=True).where == "dali"  # nvJPEG keeps every file
+    def where(**options):
+        env = probes.environment(SourceKind.LOCAL_DISK, ["a/x.png"])
+        return resolve(Options(device="cpu", **options), env).png_where
+
+    assert where() is PngWhere.TF_OP
+    assert where(png_decoder="libpng") is PngWhere.TF
+    assert where(service="grpc://localhost:1") is PngWhere.TF  # the workers: TF's graph
+    assert where(decoder="dali") is (PngWhere.DALI_OP if dali_png.available() else PngWhere.DALI)
+    assert where(decoder="dali", png_decoder="libpng") is PngWhere.DALI
 
 
 def test_missing_build_falls_back_said_once(tmp_path, monkeypatch, caplog):
@@ -292,11 +299,11 @@ def test_missing_build_falls_back_said_once(tmp_path, monkeypatch, caplog):
     monkeypatch.setattr(tf_png, "OP_LIBRARY", tmp_path / "missing.so")
     monkeypatch.setattr(tf_png, "_ops", None)
     monkeypatch.setattr(tf_png, "_error", None)
-    monkeypatch.setattr(png_stage, "_said_op_missing", png_stage.threading.Event())
-    with caplog.at_level(logging.WARNING, logger="dali_loader.decode.png_stage"):
+    monkeypatch.setattr(probes, "_said", set())
+    with caplog.at_level(logging.WARNING, logger="dali_loader.probes"):
         for _ in range(2):
             ds = ours(str(tmp_path), image_size=SIZE, verbose=False)
-            assert ds._dali_loader.png_decoder is PngDecoder.LIBPNG
+            assert ds.loader.plan.png_epoch is PngDecoder.LIBPNG
             assert len(list(ds)) == 1
     said = [r.getMessage() for r in caplog.records if "TF op" in r.getMessage()]
     assert len(said) == 1 and "make install" in said[0], said

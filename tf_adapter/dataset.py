@@ -10,31 +10,16 @@ CPU (`dali_loader.tfdata` says why), with one Python call per batch.
 
 from __future__ import annotations
 
-import logging
-
 import numpy as np
 
+from dali_loader import probes
 from dali_loader.api import open_index
-from dali_loader.storage.manifest import check_manifest_mode, describe_age
-from dali_loader.args import positive_int
-from dali_loader.decode.devices import dali_gpu_count, resolve_device
-from dali_loader.decode.png_stage import PngDecoder, resolve_png_decoder
-from dali_loader.decode.ready_forms import (
-    TIFF_GPU_DECODE_VERIFIED,
-    ReadyForm,
-    check_form_for_decoder,
-    resolve_gpu_ready,
-)
 from dali_loader.decode.spec import INTERPOLATIONS, ImageSpec, channels_for
-from dali_loader.feed.checks import DEFAULT_MAX_PIXELS, check_max_pixels
-from dali_loader.feed.policy import check_on_error
 from dali_loader.index import ALLOWLIST_FORMATS, split
-from dali_loader.lazy import import_tf
-from dali_loader.tfdata.dali_plugin import resolve_handoff
+from dali_loader.plan import DEFAULT_MAX_PIXELS, Engine, Options, check, has_jpegs, resolve
+from dali_loader.storage.manifest import describe_age
 from dali_loader.tfdata.dataset import make_loader, to_tf_dataset
-from dali_loader.tfdata.service import check_service_options, service_dataset
-
-logger = logging.getLogger(__name__)
+from dali_loader.tfdata.service import service_dataset
 
 
 def _check_args(labels, label_mode, class_names, color_mode, image_size,
@@ -109,34 +94,6 @@ def _check_args(labels, label_mode, class_names, color_mode, image_size,
             "overlap between the training and validation subset."
         )
     return channels, tuple(image_size), interpolation
-
-
-def _check_loader_args(on_error, num_threads, max_in_flight, cache_max_bytes):
-    check_on_error(on_error)
-    positive_int("num_threads", num_threads, allow_none=True)
-    positive_int("max_in_flight", max_in_flight)
-    if cache_max_bytes is not None and cache_max_bytes <= 0:
-        raise ValueError(
-            f"`cache_max_bytes` must be positive or None. Received: cache_max_bytes={cache_max_bytes}"
-        )
-
-
-def _shard_of(input_context) -> tuple[int, int]:
-    """`(pipeline id, pipelines)` of a `tf.distribute.InputContext`, or (0, 1)."""
-    if input_context is None:
-        return (0, 1)
-    try:
-        shard = (int(input_context.input_pipeline_id), int(input_context.num_input_pipelines))
-    except AttributeError:
-        raise ValueError(
-            "`input_context` must be the tf.distribute.InputContext passed to the "
-            "function given to strategy.distribute_datasets_from_function. "
-            f"Received: input_context={input_context!r}"
-        ) from None
-    if not 0 <= shard[0] < shard[1]:
-        raise ValueError(f"Invalid input pipeline {shard[0]} of {shard[1]}. "
-                         f"Received: input_context={input_context!r}")
-    return shard
 
 
 def _data_format(data_format):
@@ -234,7 +191,7 @@ def image_dataset_from_directory(
             batches (docs/service.md). Combines with the CPU options only
             (decoder None or "tf"; not DALI, `gpu_ready`, `handoff` or
             `input_context`).
-        png_decoder: Who decodes PNGs (`png_stage.png_route` says what runs).
+        png_decoder: Who decodes PNGs (`ds.loader.plan` says what runs).
             None: on the CPU default, the native core (Wuffs behind a front end
             that gives TF's outcome) as a TF op in tf.data's graph where `make
             install` built it (else TF's libpng, said once), with TF's decoder
@@ -272,56 +229,18 @@ def image_dataset_from_directory(
     if labels is None or label_mode is None:
         labels = None
         label_mode = None
-    _check_loader_args(on_error, num_threads, max_in_flight, cache_max_bytes)
-    check_max_pixels(max_pixels)
-    check_manifest_mode(manifest)
-    address = check_service_options(service, device=device, decoder=decoder, handoff=handoff,
-                                    gpu_ready=gpu_ready, input_context=input_context)
-    shard = _shard_of(input_context)
-    device = resolve_device(device, import_tf()) if address is None else "cpu"
-    gpu_ready = resolve_gpu_ready(gpu_ready)
-    if decoder not in (None, "dali", "tf"):
-        raise ValueError(
-            f'`decoder` must be None, "dali" or "tf". Received: decoder={decoder}'
-        )
-    if decoder == "tf" and device == "gpu":
-        raise ValueError(
-            'decoder="tf" decodes on the CPU; it cannot be combined with '
-            f'device="gpu". Received: decoder={decoder}, device={device}'
-        )
-    dali = decoder == "dali" or device == "gpu"
-    check_form_for_decoder(gpu_ready, dali)
-    if address is not None and png_decoder not in (None, "libpng"):
-        raise ValueError(
-            "The tf.data service's workers run a pure TF graph: PNGs are decoded by TF's "
-            'libpng there. Pass png_decoder=None (or "libpng") with `service`. '
-            f"Received: png_decoder={png_decoder!r}, service={service!r}")
-    png_gpu = resolve_png_decoder(png_decoder, device=device, decoder=decoder,
-                                  gpu_ready=gpu_ready,
-                                  service=address is not None) is PngDecoder.GPU
-    if gpu_ready is ReadyForm.TIFF and device == "gpu" and not TIFF_GPU_DECODE_VERIFIED:
-        logger.warning(
-            'gpu_ready="tiff": whether DALI decodes these TIFFs on the GPU is unverified; on a '
-            "fallback they are decoded on the CPU, no faster than the PNGs. gpu_ready=True "
-            "(raw entries) decodes nothing.")
-    handoff = resolve_handoff(handoff, device=device, on_error=on_error, batch_size=batch_size,
-                              gpu_ready=gpu_ready is not None, png_gpu=png_gpu)
-    if handoff.plugin and not dali:
-        raise ValueError(
-            f'handoff="{handoff.value}" hands over DALI\'s batches; on the CPU it needs '
-            f'decoder="dali". Received: handoff={handoff.value!r}, device={device!r}, '
-            f"decoder={decoder!r}"
-        )
+    options = Options(
+        device=device, decoder=decoder, png_decoder=png_decoder, gpu_ready=gpu_ready,
+        handoff=handoff, service=service, on_error=on_error, num_threads=num_threads,
+        max_in_flight=max_in_flight, cache_max_bytes=cache_max_bytes, max_pixels=max_pixels,
+        manifest=manifest, input_context=input_context, batch_size=batch_size,
+        shuffle=shuffle, seed=seed)
+    env = probes.environment()
+    check(options, env)  # every refusal of the loader's options, before listing
     if pad_to_aspect_ratio and crop_to_aspect_ratio:
         raise ValueError(
             "Only one of `pad_to_aspect_ratio`, `crop_to_aspect_ratio`"
             " can be set to `True`."
-        )
-    if shard[1] > 1 and shuffle and seed is None:
-        raise ValueError(
-            "With `input_context` and shuffling, every input pipeline must use the same "
-            "`seed`, so that they shuffle alike and read disjoint shards. Pass `seed`. "
-            f"Received: seed=None, input_context={input_context!r}"
         )
     if seed is None:
         seed = np.random.randint(1e6)
@@ -330,6 +249,9 @@ def image_dataset_from_directory(
         follow_links=follow_links, cache_dir=cache_dir, cache_max_bytes=cache_max_bytes,
         max_in_flight=max_in_flight, require_files=False, manifest=manifest,
     )
+    plan = resolve(options, env.with_source(source.kind, lambda: has_jpegs(index.paths)))
+    probes.say_notes(plan)
+    probes.share_gpu(plan)
     if verbose:
         if index.labels is None:
             print(f"Found {len(index)} files.")
@@ -351,39 +273,21 @@ def image_dataset_from_directory(
         bool(crop_to_aspect_ratio), bool(pad_to_aspect_ratio),
         data_format == "channels_first",
     )
-
+    num_classes = len(class_names) if class_names else 0
 
     def make(sub_index, sub_shuffle):
-        if address is not None:
+        paths = list(sub_index.paths)
+        if plan.engine is Engine.SERVICE:
             ds = service_dataset(
-                sub_index, spec, batch_size, label_mode, len(class_names) if class_names else 0,
-                service=service, address=address, seed=seed, shuffle=sub_shuffle,
+                sub_index, spec, batch_size, label_mode, num_classes, service=service,
+                address=plan.service_address, seed=seed, shuffle=sub_shuffle,
                 on_error=on_error, max_in_flight=max_in_flight, num_threads=num_threads)
-            ds.class_names, ds.file_paths = class_names, list(sub_index.paths)
+            ds.class_names, ds.file_paths = class_names, paths
             return ds
-        loader = make_loader(
-            source, sub_index, spec, batch_size=batch_size or 32, shuffle=sub_shuffle,
-            seed=seed, device=device, decoder=decoder, num_threads=num_threads,
-            on_error=on_error, max_in_flight=max_in_flight, shard=shard,
-            device_id=shard[0] % max(1, dali_gpu_count()) if device == "gpu" else 0,
-            gpu_ready=gpu_ready, png_decoder=png_decoder, max_pixels=max_pixels,
-        )
-        ds = to_tf_dataset(loader, spec, batch_size, label_mode,
-                           len(class_names) if class_names else 0, num_threads=num_threads,
-                           handoff=handoff)
-        ds.class_names = class_names
-        ds.file_paths = list(sub_index.paths)
-        resume_at = ds.resume_at
-
-        def resume(epoch: int, step: int):
-            """The rest of epoch `epoch`, from its batch `step` on (a restart
-            after a kill: `tf_adapter.fit_resumable`)."""
-            rest = resume_at(epoch, step)
-            rest.class_names, rest.file_paths = ds.class_names, ds.file_paths
-            return rest
-
-        ds.resume_at = resume
-        return ds
+        loader = make_loader(source, sub_index, spec, plan, batch_size=batch_size or 32,
+                             shuffle=sub_shuffle, seed=seed)
+        return to_tf_dataset(loader, spec, batch_size, label_mode, num_classes,
+                             attributes={"class_names": class_names, "file_paths": paths})
 
     def no_images(what=""):
         return ValueError(

@@ -120,29 +120,28 @@ def fit_resumable(model, dataset, *, epochs: int, backup_dir: str, save_freq: in
     Run the same call again after a kill: it restores the weights and goes on
     at the step the last checkpoint reached, the interrupted epoch's files in
     their order, none twice. `dataset` is one returned by
-    `image_dataset_from_directory` (it has `resume_at` and `seek`).
+    `image_dataset_from_directory` (its handle `dataset.loader` resumes and seeks).
 
     Returns:
         The `History` of each `fit` call made (two when resuming mid-epoch).
     """
     positive_int("epochs", epochs)
-    if not hasattr(dataset, "resume_at") or not hasattr(dataset, "seek"):
+    if not hasattr(dataset, "loader"):
         raise ValueError("fit_resumable needs a dataset made by tf_adapter's "
                          f"image_dataset_from_directory. Received: dataset={dataset!r}")
     checkpoint = ResumableCheckpoint(backup_dir, save_freq)
     epoch, step = checkpoint.restore(model)
-    loader = dataset._dali_loader
-    if step >= getattr(loader, "feed", loader).num_batches:  # killed just before the epoch's end
+    if step >= dataset.loader.num_batches:  # killed just before the epoch's end
         epoch, step = epoch + 1, 0
     callbacks = [*(callbacks or []), checkpoint]
     histories = []
     if step:
         checkpoint.step_offset = step
-        histories.append(model.fit(dataset.resume_at(epoch, step), epochs=epoch + 1,
+        histories.append(model.fit(dataset.loader.resume_at(epoch, step), epochs=epoch + 1,
                                    initial_epoch=epoch, callbacks=callbacks, **fit_kwargs))
         epoch += 1
     if epoch < epochs:
-        dataset.seek(epoch)
+        dataset.loader.seek(epoch)
         histories.append(model.fit(dataset, epochs=epochs, initial_epoch=epoch,
                                    callbacks=callbacks, **fit_kwargs))
     if not keep_backup:

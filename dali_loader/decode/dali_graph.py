@@ -11,7 +11,6 @@ decoder on the CPU, in a per-sample branch; on a GPU the pixels are then uploade
 
 from __future__ import annotations
 
-import enum
 import os
 from typing import Any
 
@@ -19,21 +18,11 @@ from dali_loader.decode import dali_png
 from dali_loader.decode.ready_forms import RAW_HEADER, RAW_MAGIC, decode_raw
 from dali_loader.decode.spec import ImageSpec
 from dali_loader.lazy import import_dali
+from dali_loader.plan import DaliInput
 
 
-class Input(enum.Enum):
-    """What the graph's encoded input holds."""
-
-    FILES = "files"  # the dataset's files as they are (PNG, JPEG, ...)
-    READY_RAW = "ready-raw"  # GPU-ready cache entries: the pixels Keras decodes, uncompressed
-    READY_TIFF = "ready-tiff"  # GPU-ready cache entries: TIFFs of the pixels Keras decodes
-    # Pixels decoded before DALI (HWC uint8, the output's colour mode; `png_batches`):
-    # CuPy arrays on a GPU (external_source device="gpu"), numpy on the CPU.
-    PIXELS = "pixels"
-    # The files, each PNG already decoded into a raw entry (`png_stage`, Keras's
-    # pixels): raw entries are reshaped, the other files decoded on the CPU (a
-    # per-sample branch), then copied to the GPU.
-    FILES_OR_RAW = "files-or-raw"
+# What the graph's encoded input holds: named by the plan (`plan.DaliInput`).
+Input = DaliInput
 
 
 _READY_TYPES = {1: "GRAY", 3: "RGB", 4: "ANY_DATA"}

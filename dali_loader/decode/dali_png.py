@@ -79,15 +79,3 @@ def png_decode(dali, encoded, channels: int, max_pixels: int | None):
                            f"{unavailable_reason()}")
     limit = CORE_MAX_PIXELS if max_pixels is None else min(int(max_pixels), CORE_MAX_PIXELS)
     return dali.fn.dali_loader.png_decode(encoded, channels=channels, max_pixels=limit)
-
-
-def use_native(png_decoder, *, gpu_with_jpegs: bool) -> bool:
-    """Whether the DALI path decodes PNGs with this operator (each epoch, `Input.FILES`):
-    the default (`png_decoder=None`) where it is built and loads (else DALI's decoder,
-    said once). `"libpng"` keeps DALI's decoder; `"wuffs"` and `"gpu"` decode before
-    DALI. On a GPU, not for a folder with JPEGs: there DALI's `mixed` decoder decodes
-    every file (nvJPEG), and a `mixed` decoder inside a per-sample branch is not in
-    DALI's conditionals documentation (`dali_graph._input_pixels`)."""
-    if png_decoder is not None or gpu_with_jpegs:
-        return False
-    return load()

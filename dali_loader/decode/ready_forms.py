@@ -20,23 +20,17 @@ Numpy and tifffile only; no TF or DALI here.
 
 from __future__ import annotations
 
-import enum
 import io
 import struct
 
 import numpy as np
 
+from dali_loader.plan import ReadyForm  # noqa: F401 - the forms are the plan's
+
 RAW_MAGIC = b"DLRW"
 RAW_HEADER = 16  # magic, then height, width, channels as little-endian uint32
 STRIP_BYTES = 64 * 1024  # TIFF strip size: one independent Deflate stream each
 TIFF_LEVEL = 1  # zlib level of the TIFF strips: 1.13x the PNG, fills ~40% faster than 6 (docs/gpu_ready.md)
-
-
-class ReadyForm(enum.Enum):
-    """How a cache entry's pixels are encoded."""
-
-    TIFF = "tiff-deflate-pred2"
-    RAW = "raw"
 
 
 def _as_hwc(pixels: np.ndarray) -> np.ndarray:
@@ -134,38 +128,3 @@ def join_parts(parts: list) -> bytes | bytearray:
 def decode(data: bytes, form: ReadyForm) -> np.ndarray:
     """HxWxC uint8 pixels of an entry in `form` (numpy; for checks and tests)."""
     return decode_tiff(data) if form is ReadyForm.TIFF else decode_raw(data)
-
-
-# Whether a GPU run has confirmed that DALI's `mixed` decoder decodes `TIFF`
-# entries on the GPU (nvTIFF), bit-exactly (device_checks/gpu_ready_check). Until
-# then `gpu_ready="tiff"` works but warns: on a GPU the TIFF may be decoded on
-# the CPU (nvImageCodec falls back to libtiff when nvTIFF refuses a file).
-TIFF_GPU_DECODE_VERIFIED = False
-
-GPU_READY_VALUES = (None, False, True, "raw", "tiff")
-
-
-def resolve_gpu_ready(gpu_ready: bool | str | None) -> ReadyForm | None:
-    """The form the GPU-ready cache stores, or None (no cache).
-
-    None and False: no cache (it takes about 1.7x the PNG bytes on local disk,
-    so it is opt-in). True or "raw": `RAW` on every path: nothing is decoded in
-    a cached epoch, on any machine (TF's kernels reshape the entries on the CPU;
-    DALI reshapes them and resizes on its device). "tiff": `TIFF`, for the DALI
-    path only, whose GPU decode is unverified (`TIFF_GPU_DECODE_VERIFIED`).
-    """
-    if gpu_ready not in GPU_READY_VALUES or (gpu_ready is not None and not isinstance(
-            gpu_ready, (bool, str))):
-        raise ValueError('`gpu_ready` must be None, False, True, "raw" or "tiff". '
-                         f"Received: gpu_ready={gpu_ready!r}")
-    if gpu_ready is None or gpu_ready is False:
-        return None
-    return ReadyForm.TIFF if gpu_ready == "tiff" else ReadyForm.RAW
-
-
-def check_form_for_decoder(form: ReadyForm | None, dali: bool) -> None:
-    """Raises unless the decoder reads `form`: TF's kernels read only `RAW`."""
-    if form is ReadyForm.TIFF and not dali:
-        raise ValueError(
-            'gpu_ready="tiff" stores TIFFs for DALI to decode; TensorFlow\'s kernels read the '
-            'raw form. Use gpu_ready=True, or decoder="dali". Received: gpu_ready=\'tiff\'')

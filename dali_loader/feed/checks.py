@@ -20,27 +20,13 @@ import struct
 import zlib
 
 from dali_loader.errors import CorruptImageError
+# The default pixel limit (why 2**30: `plan.DEFAULT_MAX_PIXELS`) and its one check.
+from dali_loader.plan import DEFAULT_MAX_PIXELS, check_max_pixels  # noqa: F401
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 _PNG_DEPTHS = {0: {1, 2, 4, 8, 16}, 2: {8, 16}, 3: {1, 2, 4, 8}, 4: {8, 16}, 6: {8, 16}}
 _PNG_CRITICAL = (b"IHDR", b"PLTE", b"IDAT", b"IEND")
-
-# The default pixel limit: 2**30 pixels (32768 x 32768; 4 GiB decoded as RGBA).
-# Keras decodes whatever fits in memory, so the default sits well above real
-# images (a 20000 x 20000 photo is 0.4 * 2**30) and about 6x Pillow's bomb
-# limit (178956970), yet refuses a header that claims billions of pixels
-# before a decoder tries to allocate them.
-DEFAULT_MAX_PIXELS = 1 << 30
 HEAD_BYTES = 4096  # enough for the size of a PNG, GIF or BMP, and most JPEGs
-
-
-def check_max_pixels(max_pixels: int | None) -> int | None:
-    """Validates a `max_pixels` value: a positive int, or None (no limit)."""
-    if max_pixels is not None and (isinstance(max_pixels, bool) or not isinstance(
-            max_pixels, int) or max_pixels <= 0):
-        raise ValueError("`max_pixels` must be a positive integer or None. "
-                         f"Received: max_pixels={max_pixels!r}")
-    return max_pixels
 
 
 def _jpeg_size(data: bytes) -> tuple[int, int] | None:

@@ -6,17 +6,9 @@ import logging
 import threading
 
 from dali_loader.errors import BadFileError
+from dali_loader.plan import ON_ERROR, check_on_error  # noqa: F401 - the one check
 
 logger = logging.getLogger(__name__)
-
-ON_ERROR = ("raise", "skip")
-
-
-def check_on_error(on_error: str) -> str:
-    """Validates an `on_error` value."""
-    if on_error not in ON_ERROR:
-        raise ValueError(f'`on_error` must be "raise" or "skip". Received: on_error={on_error}')
-    return on_error
 
 
 class SkipReport:

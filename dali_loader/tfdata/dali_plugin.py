@@ -44,7 +44,7 @@ pending outputs were already popped"). Iterated in Python, the returned
 dataset turns the error into one that names the file (the positions of the
 last chunks handed to DALI are kept; the suspects are read again and decoded
 one by one). With `on_error="skip"` the file is recorded in
-`ds._dali_loader.skipped` and left out of every later epoch; the epoch it
+`ds.loader.skipped` and left out of every later epoch; the epoch it
 broke still ends with the error. Inside `model.fit` (a `tf.function`), or
 after a transformation, DALI's own error is raised. With the GPU-ready cache's
 raw entries nothing is decoded, so nothing can fail there.
@@ -53,7 +53,6 @@ raw entries nothing is decoded, so nothing can fail there.
 from __future__ import annotations
 
 import collections
-import enum
 import logging
 import re
 import threading
@@ -73,6 +72,7 @@ from dali_loader.decode.spec import ImageSpec
 from dali_loader.errors import BadFileError, CorruptImageError
 from dali_loader.feed.epochs import Chunk
 from dali_loader.lazy import import_dali, import_dali_tf
+from dali_loader.plan import HANDOFFS, Handoff  # noqa: F401 - the handoffs are the plan's
 from dali_loader.tfdata.weak import weakly
 
 logger = logging.getLogger(__name__)
@@ -83,61 +83,10 @@ _TRACKED_CHUNKS = 4  # chunks per iteration kept (positions only) to name a culp
 _TRACKED_ITERATIONS = 16
 _PREFETCH = 2  # DALI's prefetch queue depth
 
-
-class Handoff(str, enum.Enum):
-    """How DALI's batches reach TF."""
-
-    GENERATOR = "generator"  # to the host, one `from_generator` call per batch
-    PLUGIN = "plugin"  # the DALI TF plugin, placed on the host: composes with every tf.data op
-    PLUGIN_GPU = "plugin-gpu"  # the DALI TF plugin, placed on the GPU: consumed as returned
-
-    @property
-    def plugin(self) -> bool:
-        return self is not Handoff.GENERATOR
-
-
-HANDOFFS = (None, *(h.value for h in Handoff))
-
 # Dataset transformations a GPU-placed DALI dataset may be followed by: TF
 # registers GPU kernels for their ops (PrefetchDataset, OptionsDataset;
 # tests/test_handoff.py checks this against TF's kernel registry).
 GPU_TRANSFORMATIONS = frozenset({"prefetch", "with_options"})
-
-
-def resolve_handoff(handoff: Handoff | str | None, *, device: str, on_error: str,
-                    batch_size: int | None, gpu_ready: bool = False,
-                    png_gpu: bool = False) -> Handoff:
-    """The handoff for a DALI dataset; None picks the host-placed plugin on the
-    GPU when it holds every guarantee of the options: batched, and
-    `on_error="raise"` or the GPU-ready cache (its entries were decoded by TF
-    first, so a file DALI cannot decode never reaches DALI; bad files are left
-    out by the feed). `PLUGIN_GPU` is never picked: it is asked for.
-    `png_gpu` (png_decoder="gpu") needs the generator: the plugin's
-    `DALIDatasetWithInputs` takes CPU inputs only, and its pixels are on the GPU."""
-    if png_gpu:
-        if handoff not in (None, Handoff.GENERATOR, Handoff.GENERATOR.value):
-            raise ValueError(
-                'png_decoder="gpu" needs handoff="generator" (or None): its decoded pixels '
-                "are on the GPU and enter DALI through external_source(device=\"gpu\"), "
-                "but the DALI TF plugin's DALIDatasetWithInputs takes CPU inputs only. "
-                f"Received: handoff={getattr(handoff, 'value', handoff)!r}, png_decoder='gpu'")
-        return Handoff.GENERATOR
-    if handoff is None:
-        plugin = device == "gpu" and batch_size is not None and (on_error == "raise" or gpu_ready)
-        return Handoff.PLUGIN if plugin else Handoff.GENERATOR
-    try:
-        handoff = Handoff(handoff)
-    except ValueError:
-        raise ValueError('`handoff` must be None, "generator", "plugin" or "plugin-gpu". '
-                         f"Received: handoff={handoff!r}") from None
-    if handoff.plugin and batch_size is None:
-        raise ValueError(f'handoff="{handoff.value}" needs batches (DALI makes them). '
-                         f"Received: handoff={handoff.value!r}, batch_size=None")
-    if handoff is Handoff.PLUGIN_GPU and device != "gpu":
-        raise ValueError('handoff="plugin-gpu" keeps DALI\'s batches on the GPU; it needs '
-                         'device="gpu" (or None on a machine where TF and DALI see a GPU). '
-                         f"Received: handoff={handoff.value!r}, device={device!r}")
-    return handoff
 
 
 def placement(handoff: Handoff, gpu: bool, device_id: int) -> str:

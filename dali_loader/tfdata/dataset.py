@@ -26,29 +26,17 @@ import struct
 import threading
 import zlib
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 
-from dali_loader.decode import dali_png
+from dali_loader import probes
 from dali_loader.decode.dali_batches import DaliBatches
 from dali_loader.decode.dali_graph import Input, default_num_threads
 from dali_loader.decode.png_batches import PngBatches
-from dali_loader.decode.png_stage import (
-    KerasPixels,
-    PixelItems,
-    PngDecoder,
-    RawOrCheckedItems,
-    fill_png_decoder,
-    resolve_png_decoder,
-)
+from dali_loader.decode.png_stage import KerasPixels, RawOrCheckedItems
 from dali_loader.decode.spec import ImageSpec
-from dali_loader.decode.ready_forms import (
-    RAW_HEADER,
-    ReadyForm,
-    check_form_for_decoder,
-    decode_raw,
-    raw_shape,
-)
+from dali_loader.decode.ready_forms import RAW_HEADER, ReadyForm, decode_raw, raw_shape
 from dali_loader.decode.tf_kernels import (
     decode_like_keras,
     labels_like_keras,
@@ -59,7 +47,7 @@ from dali_loader.decode.tf_kernels import (
 )
 from dali_loader.errors import CorruptImageError, UnresizableImageError
 from dali_loader.exiting import stoppable
-from dali_loader.feed.checks import DEFAULT_MAX_PIXELS, size_problem
+from dali_loader.feed.checks import size_problem
 from dali_loader.feed.epochs import Feed
 from dali_loader.feed.items import (
     CheckedBytes,
@@ -74,9 +62,20 @@ from dali_loader.feed.ready import ReadyBytes, ReadyCache, ReadyPinned
 from dali_loader.index import Index
 from dali_loader.lazy import import_tf
 from dali_loader.malloc import keep_read_buffers
-from dali_loader.storage.source import Source, SourceKind
+from dali_loader.plan import (
+    DEFAULT_MAX_PIXELS,
+    Engine,
+    ItemReader,
+    Options,
+    Plan,
+    PngDecoder,
+    PngWhere,
+    resolve,
+)
+from dali_loader.storage.source import Source
 from dali_loader.tfdata.audit import END, AuditRegistry, Auditor
-from dali_loader.tfdata.dali_plugin import Handoff, plugin_dataset, resolve_handoff
+from dali_loader.tfdata.dali_plugin import plugin_dataset
+from dali_loader.tfdata.handle import LoaderHandle
 from dali_loader.tfdata.weak import weakly as _weakly
 
 TF_CHUNK = 16  # files per generator call on the TF path, reading through the feed
@@ -115,91 +114,64 @@ def _as_string_and_offset(item) -> tuple[bytes, int]:
     return item, -1
 
 
-def make_loader(source: Source, index: Index, spec: ImageSpec, *, batch_size: int,
-                shuffle: bool, seed: int, device: str, decoder: str | None = None,
-                num_threads: int | None = None, on_error: str = "raise",
-                max_in_flight: int = 64, shard: tuple[int, int] = (0, 1),
-                device_id: int = 0, gpu_ready: ReadyForm | None = None,
-                png_decoder: PngDecoder | str | None = None,
-                max_pixels: int | None = DEFAULT_MAX_PIXELS) -> DaliBatches | Feed:
-    """What a dataset iterates: `DaliBatches` on the GPU (or `decoder="dali"`),
-    else a `Feed` for TF's kernels. On a local disk TF reads the files; FUSE/NFS
-    mounts and URLs keep the feed's read-ahead with `max_in_flight` reads.
-    `shard` selects one input pipeline's batches of every epoch (`feed.order`).
-    `gpu_ready` (a `ReadyForm`, see `ready_forms.resolve_gpu_ready`) reads
-    through the GPU-ready cache (`feed.ready`): each file is decoded on the CPU
-    once; raw entries are then only reshaped (by TF's kernels or by DALI), TIFF
-    entries decoded by DALI, filled by Wuffs where installed unless
-    `png_decoder="libpng"`. `png_decoder` (`png_stage.png_route` says what
-    runs): on the TF path None is the native core's TF op in the graph where it
-    is built ("wuffs" requires it), "libpng" TF's decoder; on the DALI path None
-    or "libpng" keep DALI's decoder, and with "wuffs" every PNG is decoded on
-    the feed's threads (`png_stage`), DALI reshapes PNGs' raw pixels and
-    decodes only the other files; "gpu" (DALI path, no `gpu_ready`)
-    decodes each batch's PNGs with the batched GPU PNG decoder before DALI
-    (`png_batches`), the other files with TF on the CPU; DALI only resizes.
-    Every path refuses images whose header claims over `max_pixels` (None: no limit)."""
-    png = resolve_png_decoder(png_decoder, device=device, decoder=decoder, gpu_ready=gpu_ready)
-    kw = dict(shuffle=shuffle, seed=seed, on_error=on_error, max_in_flight=max_in_flight,
-              source=source, batch_size=batch_size, shard=shard)
-    dali = decoder == "dali" or device == "gpu"
-    check_form_for_decoder(gpu_ready, dali)
-    threads = num_threads or default_num_threads()
+def make_loader(source: Source, index: Index, spec: ImageSpec, plan: Plan | None = None, *,
+                batch_size: int, shuffle: bool, seed: int, **options) -> DaliBatches | Feed:
+    """What a dataset iterates, built as `plan` says (`dali_loader.plan`): a
+    `DaliBatches` for the DALI engine, else a `Feed` for TF's kernels, reading
+    with the plan's item reader (on a local disk TF reads the files; FUSE/NFS
+    mounts and URLs keep the feed's read-ahead), the GPU-ready cache in the
+    plan's form (filled by Wuffs on the feed's threads or by TF's decoder), and
+    the plan's PNG decoder. The result carries the plan (`.plan`).
+
+    Without a `plan`, `options` (`plan.Options` fields, e.g. `device="cpu"`,
+    `png_decoder="wuffs"`) are resolved here against this machine
+    (`probes.environment`) and `source`."""
+    if plan is None:
+        plan = resolve(Options(batch_size=batch_size, **options),
+                       probes.environment(source.kind, index.paths))
+    elif options:
+        raise TypeError(f"make_loader takes a plan or options, not both. Received: {sorted(options)}")
+    o = plan.options
+    kw = dict(shuffle=shuffle, seed=seed, on_error=o.on_error, max_in_flight=o.max_in_flight,
+              source=source, batch_size=batch_size, shard=plan.shard)
     # Wuffs on the feed's threads: the DALI path's raw PNG entries, GPU-ready fills.
-    # On the TF path "wuffs" is the native core's op in the graph (`tf_png`).
-    pixels = (KerasPixels(spec.channels, threads, max_pixels)
-              if png is PngDecoder.WUFFS and (dali or gpu_ready is not None) else None)
-    if gpu_ready is not None:
-        fill = fill_png_decoder(png_decoder)
-        filler = (pixels or KerasPixels(spec.channels, threads, max_pixels)
-                  if fill is PngDecoder.WUFFS else None)
-        ready = ready_cache(source, gpu_ready, spec.channels, filler, max_pixels)
-    if png is PngDecoder.GPU:  # the decoder expands alpha itself: the byte checks only
-        feed = Feed(index, CheckedBytes(source, max_pixels=max_pixels), chunk_size=batch_size,
-                    **kw)
-        stage = PngBatches(spec.channels, device=device, device_id=device_id)
-        return DaliBatches(feed, spec, device=device, num_threads=num_threads,
-                           device_id=device_id, input=Input.PIXELS, png=stage)
-    if dali:
-        # On a GPU, a folder with JPEGs keeps DALI's decoder for every file: nvJPEG
-        # decodes them on the GPU, which the per-sample branch of Input.FILES_OR_RAW
-        # (CPU operators only) would not.
-        raw_pngs = pixels is not None and not (device == "gpu" and _has_jpeg(index))
-        if gpu_ready:
+    pixels = (KerasPixels(spec.channels, o.num_threads or default_num_threads(), o.max_pixels)
+              if plan.feed_pixels else None)
+    if plan.cache_form is not None:
+        ready = ready_cache(source, plan.cache_form, spec.channels, pixels, o.max_pixels)
+    reader = plan.item_reader
+    if plan.engine is Engine.DALI:
+        dali = dict(device=plan.device.value, num_threads=o.num_threads,
+                    device_id=plan.device_id, input=plan.dali_input)
+        if reader is ItemReader.READY_BYTES:
             items = ReadyBytes(ready, index.paths)
-        elif raw_pngs:
+        elif reader is ItemReader.RAW_OR_CHECKED:
             items = RawOrCheckedItems(source, pixels)
+        elif plan.dali_input is Input.PIXELS:  # the decoder expands alpha itself
+            items = CheckedBytes(source, max_pixels=o.max_pixels)
         else:
-            items = CheckedBytes(source, rgba=spec.channels == 4, max_pixels=max_pixels)
+            items = CheckedBytes(source, rgba=spec.channels == 4, max_pixels=o.max_pixels)
         feed = Feed(index, items, chunk_size=batch_size, **kw)
-        input = {None: Input.FILES, ReadyForm.RAW: Input.READY_RAW,
-                 ReadyForm.TIFF: Input.READY_TIFF}[gpu_ready]
-        if input is Input.FILES and raw_pngs:
-            input = Input.FILES_OR_RAW
-        # PNGs by the native core on DALI's threads (png_decoder=None, where built).
-        native = input is Input.FILES and dali_png.use_native(
-            png_decoder, gpu_with_jpegs=device == "gpu" and _has_jpeg(index))
-        return DaliBatches(feed, spec, device=device, num_threads=num_threads,
-                           device_id=device_id, input=input, png_native=native,
-                           max_pixels=max_pixels)
-    if gpu_ready is not None:  # whole batches of entries, resized as one tensor
-        return Feed(index, ReadyPinned(ready, index.paths), chunk_size=batch_size, **kw)
-    items = {SourceKind.LOCAL_DISK: Paths, SourceKind.NETWORK_FS: RawBytes,
-             SourceKind.REMOTE: PinnedOrBytes}[source.kind]
-    if items is Paths:  # no reads to wait for: large chunks (after a first small one)
-        feed = Feed(index, Paths(index.paths, max_pixels), chunk_size=TF_LOCAL_CHUNK, **kw)
+        if plan.dali_input is Input.PIXELS:
+            stage = PngBatches(spec.channels, device=plan.device.value, device_id=plan.device_id)
+            loader = DaliBatches(feed, spec, png=stage, **dali)
+        else:
+            loader = DaliBatches(feed, spec, png_native=plan.png_where is PngWhere.DALI_OP,
+                                 max_pixels=o.max_pixels, **dali)
+    elif reader is ItemReader.READY_PINNED:  # whole batches of entries, resized as one tensor
+        loader = Feed(index, ReadyPinned(ready, index.paths), chunk_size=batch_size, **kw)
+    elif reader is ItemReader.PATHS:  # no reads to wait for: large chunks (after a small one)
+        loader = Feed(index, Paths(index.paths, o.max_pixels), chunk_size=TF_LOCAL_CHUNK, **kw)
     else:
         # TF batches again after decoding: small chunks let decoding start on the
         # first files of an epoch instead of waiting for a whole batch.
-        feed = Feed(index, items(source, max_pixels), chunk_size=min(batch_size, TF_CHUNK),
-                    **kw)
-    feed.png_decoder = png  # WUFFS: the graph decodes PNGs with the native op
-    return feed
-
-
-def _has_jpeg(index: Index) -> bool:
-    """Whether any file is named as a JPEG (what nvJPEG would decode on a GPU)."""
-    return any(p.lower().endswith((".jpg", ".jpeg")) for p in index.paths)
+        items = {ItemReader.RAW_BYTES: RawBytes, ItemReader.PINNED_OR_BYTES: PinnedOrBytes}[reader]
+        loader = Feed(index, items(source, o.max_pixels), chunk_size=min(batch_size, TF_CHUNK),
+                      **kw)
+    if plan.engine is Engine.TF_KERNELS:
+        loader.png_decoder = plan.png_epoch  # WUFFS: the graph decodes PNGs with the native op
+    loader.plan = plan
+    return loader
 
 
 def ready_cache(source: Source, form: ReadyForm, channels: int,
@@ -223,75 +195,64 @@ def _keras_pixels(channels: int, max_pixels: int | None, data: bytes, path: str)
 
 
 def to_tf_dataset(loader: DaliBatches | Feed, spec: ImageSpec, batch_size: int | None,
-                  label_mode: str | None, num_classes: int, *, num_threads: int | None = None,
-                  epoch: int | None = None, start_step: int = 0,
-                  handoff: Handoff | str | None = None):
-    """Wraps a loader as a finite, batched tf.data.Dataset like Keras's.
+                  label_mode: str | None, num_classes: int, *, epoch: int | None = None,
+                  start_step: int = 0, attributes: dict[str, Any] | None = None):
+    """Wraps a loader (`make_loader`'s) as a finite, batched tf.data.Dataset like Keras's.
 
     Args:
-        loader: `DaliBatches` (DALI decodes) or a `Feed` (TF's kernels decode).
+        loader: `DaliBatches` (DALI decodes) or a `Feed` (TF's kernels decode),
+            with its plan (`loader.plan`: the handoff, TF's parallel decodes).
         spec: The output image spec.
         batch_size: Images per batch, or None for single images.
         label_mode: "int", "categorical", "binary" or None.
         num_classes: For "categorical".
-        num_threads: TF's parallel decodes (default: cores available).
         epoch: None: each iteration is the next epoch. An int: every iteration
             is that epoch, from its batch `start_step` on (the rest of an
-            interrupted epoch; see `ds.resume_at`).
+            interrupted epoch; see `ds.loader.resume_at`).
         start_step: With `epoch`, the first batch.
-        handoff: With `DaliBatches`, how batches reach TF (`dali_plugin.Handoff`;
-            None: the plugin on the GPU with `on_error="raise"` or the GPU-ready
-            cache, else the generator).
+        attributes: Set on the dataset, and on every one `resume_at` returns
+            (e.g. Keras's `class_names` and `file_paths`).
 
-    `ds.seek(e)` numbers the next iteration `e`; `ds.resume_at(e, k)` is a
-    dataset of epoch `e` from batch `k` on, over the same loader.
-    The cardinality is asserted when `on_error="raise"` (no file is left out)
-    and, when sharded, every input pipeline reads as many batches.
-    The dataset keeps the loader in `ds._dali_loader`; `ds.close()` releases it.
+    The dataset's public handle is `ds.loader` (`tfdata.handle.LoaderHandle`:
+    the plan, stats, seek/resume, close); `ds.close()`, `ds.seek(e)` and
+    `ds.resume_at(e, k)` are its methods. The cardinality is asserted when
+    `on_error="raise"` (no file is left out) and, when sharded, every input
+    pipeline reads as many batches.
     """
     tf = import_tf()
+    plan: Plan = loader.plan
+    num_threads = plan.options.num_threads
     which = (epoch, start_step)
-    if isinstance(loader, DaliBatches):
-        handoff = resolve_handoff(handoff, device=loader.device, on_error=loader.feed.on_error,
-                                  batch_size=batch_size,
-                                  gpu_ready=loader.input in (Input.READY_RAW, Input.READY_TIFF),
-                                  png_gpu=loader.input is Input.PIXELS)
-    if isinstance(loader, DaliBatches) and handoff.plugin:
-        ds = plugin_dataset(tf, loader, spec, batch_size, label_mode, num_classes, which,
-                            _cardinality(loader.feed, batch_size, epoch, start_step), handoff)
-        ds._dali_loader = loader
-        ds.close = loader.close
-        ds.seek = loader.feed.seek
-        ds.resume_at = functools.partial(_resume_at, loader, spec, batch_size, label_mode,
-                                         num_classes, num_threads, handoff)
-        return ds
     audits = None
-    labelled = functools.partial(labels_like_keras, tf, label_mode, num_classes)
-    if isinstance(loader, DaliBatches):
-        ds = _dali_dataset(tf, loader, spec, batch_size, which)
-        feed = loader.feed
-    elif isinstance(loader.items, (ReadyPinned, PixelItems)):
-        ds = _ready_dataset(tf, loader, spec, batch_size, num_threads, which)
-        feed = loader
-    else:  # Keras's labels made in the audit's own map: one function fewer per iterator
-        ds, audits = _tf_kernel_dataset(tf, loader, spec, batch_size, num_threads, which,
-                                        labelled)
-        feed = loader
-        labelled = None
-    if labelled is not None and label_mode != "int":
-        plain = tf.autograph.experimental.do_not_convert  # see _tf_kernel_dataset
-        ds = ds.map(plain(labelled))
-    size = _cardinality(feed, batch_size, epoch, start_step)
-    if size is not None:
-        ds = ds.apply(tf.data.experimental.assert_cardinality(size))
-    ds = ds.prefetch(tf.data.AUTOTUNE)
-    ds._dali_loader = loader
-    if audits is not None:
-        ds._dali_audits = audits  # live iterations of the TF path (tests read it)
-    ds.close = loader.close
-    ds.seek = feed.seek
-    ds.resume_at = functools.partial(_resume_at, loader, spec, batch_size, label_mode,
-                                     num_classes, num_threads, handoff)
+    if plan.handoff is not None and plan.handoff.plugin:
+        ds = plugin_dataset(tf, loader, spec, batch_size, label_mode, num_classes, which,
+                            _cardinality(loader.feed, batch_size, epoch, start_step), plan.handoff)
+    else:
+        labelled = functools.partial(labels_like_keras, tf, label_mode, num_classes)
+        if plan.engine is Engine.DALI:
+            ds = _dali_dataset(tf, loader, spec, batch_size, which)
+            feed = loader.feed
+        elif plan.item_reader is ItemReader.READY_PINNED:
+            ds = _ready_dataset(tf, loader, spec, batch_size, num_threads, which)
+            feed = loader
+        else:  # Keras's labels made in the audit's own map: one function fewer per iterator
+            ds, audits = _tf_kernel_dataset(tf, loader, spec, batch_size, num_threads, which,
+                                            labelled)
+            feed = loader
+            labelled = None
+        if labelled is not None and label_mode != "int":
+            plain = tf.autograph.experimental.do_not_convert  # see _tf_kernel_dataset
+            ds = ds.map(plain(labelled))
+        size = _cardinality(feed, batch_size, epoch, start_step)
+        if size is not None:
+            ds = ds.apply(tf.data.experimental.assert_cardinality(size))
+        ds = ds.prefetch(tf.data.AUTOTUNE)
+    handle = LoaderHandle(loader, plan, functools.partial(
+        _resume_at, loader, spec, batch_size, label_mode, num_classes, attributes), audits)
+    ds.loader = handle
+    ds.close, ds.seek, ds.resume_at = handle.close, handle.seek, handle.resume_at
+    for name, value in (attributes or {}).items():
+        setattr(ds, name, value)
     return ds
 
 
@@ -313,13 +274,13 @@ def _cardinality(feed: Feed, batch_size: int | None, epoch: int | None,
     return size - (start_step if batch_size else min(size, start_step * feed.batch_size))
 
 
-def _resume_at(loader, spec, batch_size, label_mode, num_classes, num_threads, handoff,
+def _resume_at(loader, spec, batch_size, label_mode, num_classes, attributes,
                epoch: int, step: int):
     """The dataset of epoch `epoch` from batch `step` on (every iteration of it)."""
     if not isinstance(epoch, int) or epoch < 0:
         raise ValueError(f"`epoch` must be a non-negative integer. Received: epoch={epoch!r}")
-    return to_tf_dataset(loader, spec, batch_size, label_mode, num_classes,
-                         num_threads=num_threads, epoch=epoch, start_step=step, handoff=handoff)
+    return to_tf_dataset(loader, spec, batch_size, label_mode, num_classes, epoch=epoch,
+                         start_step=step, attributes=attributes)
 
 
 class _DaliEpochs:

@@ -14,26 +14,11 @@ https://www.tensorflow.org/api_docs/python/tf/data/experimental/service/distribu
 
 from __future__ import annotations
 
-import re
 import socket
 
+from dali_loader.plan import parse_service  # noqa: F401 - the option's one check
+
 COMPRESSIONS = ("AUTO", None)
-_ADDRESS = re.compile(r"^grpc://(?P<host>\[[0-9a-fA-F:]+\]|[A-Za-z0-9_.-]+):(?P<port>\d{1,5})$")
-
-
-def parse_service(service) -> tuple[str, int]:
-    """`(host, port)` of a `"grpc://host:port"` dispatcher address.
-
-    Raises:
-        ValueError: anything else.
-    """
-    m = _ADDRESS.match(service) if isinstance(service, str) else None
-    if not m or not 0 < int(m.group("port")) < 65536:
-        raise ValueError(
-            '`service` must be a tf.data service dispatcher address, "grpc://host:port" '
-            "(start one with `dali-loader serve dispatcher --port P`), or None. "
-            f"Received: service={service!r}")
-    return m.group("host").strip("[]"), int(m.group("port"))
 
 
 def check_reachable(host: str, port: int, timeout: float = 10.0) -> None:
@@ -75,31 +60,6 @@ def distributor(service: str, *, compression: str | None = "AUTO", tf=None):
         return dataset.apply(distribute)
 
     return apply
-
-
-def check_service_options(service, *, device, decoder, handoff, gpu_ready,
-                          input_context) -> tuple[str, int] | None:
-    """Validates `service=` and what it combines with; `(host, port)`, or None without it.
-
-    With a service the workers decode with TF's kernels on their CPUs, so DALI
-    (`decoder="dali"`, `device="gpu"`, `handoff`: DALIDataset refuses split
-    providers) and the GPU-ready cache cannot join it; nor can `input_context`
-    (one trainer reads each epoch: docs/service.md).
-    """
-    if service is None:
-        return None
-    address = parse_service(service)
-    refused = {"decoder": (decoder, ("tf", None)), "device": (device, ("cpu", None)),
-               "handoff": (handoff, (None,)), "gpu_ready": (gpu_ready, (None, False)),
-               "input_context": (input_context, (None,))}
-    for name, (value, allowed) in refused.items():
-        if value not in allowed:
-            raise ValueError(
-                f"`service` runs the TF-kernel graph on the tf.data service's CPU workers; it "
-                f"cannot be combined with {name}={value!r} (allowed with service: "
-                f"{' or '.join(repr(a) for a in allowed)}). Received: service={service!r}, "
-                f"{name}={value!r}")
-    return address
 
 
 def service_dataset(index, spec, batch_size, label_mode, num_classes, *, service: str,

@@ -28,18 +28,18 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import tempfile
 import logging
 import os
 import random
 import resource
 import statistics
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Iterable, Sequence
 
+from dali_loader import probes
 from dali_loader.args import positive_int
-from dali_loader.decode.devices import dali_gpu_count
 from dali_loader.tools.decoders import PNG_DECODERS, decoder_name, format_counts
 
 PNG_DECODER_CHOICES = ("wuffs", "libpng")
@@ -254,7 +254,6 @@ def _pipelines(source: str, batch_size: int, image_size: Sequence[int],
     each loader row runs once per decoder, its name suffixed (``loader-cpu-libpng``); ``include``
     matches either name.
     """
-    from dali_loader.decode.png_stage import fill_png_decoder, resolve_png_decoder
     from dali_loader.tools.baselines import seed_pipeline, tuned_pipeline
 
     decoders = png_decoder_list(png_decoder)
@@ -275,7 +274,7 @@ def _pipelines(source: str, batch_size: int, image_size: Sequence[int],
         used["decode-bound"] = "libpng"  # tf.io.decode_image
     if ready_dir is None and cache_dir is not None:
         ready_dir = lambda dev: os.path.join(cache_dir, f"{dev}-cached")  # noqa: E731
-    devices = ["cpu"] + (["gpu"] if dali_gpu_count() > 0 else [])
+    devices = ["cpu"] + (["gpu"] if probes.dali_gpus() > 0 else [])
     # loader-dali: the CPU with decoder="dali", only when named (it is not the default path).
     paths = devices[:1] + (["dali"] if any(n.startswith("loader-dali") for n in include or ())
                            else []) + devices[1:]
@@ -293,9 +292,6 @@ def _pipelines(source: str, batch_size: int, image_size: Sequence[int],
                 try:
                     from dali_loader.api import open_dataset
 
-                    # A cached row's decoder is the one that fills its cache.
-                    used[name] = (fill_png_decoder(png) if ready else resolve_png_decoder(
-                        png, device=device, decoder=decoder, gpu_ready=None)).value
                     # What image_dataset_from_directory builds: PNGs decoded by
                     # `png_decoder`, the resize by TF's kernels on the CPU, DALI on the
                     # GPU and in loader-dali; the loader does the I/O either way. Cached:
@@ -306,13 +302,15 @@ def _pipelines(source: str, batch_size: int, image_size: Sequence[int],
                                           image_size=tuple(image_size), shuffle=True, seed=0,
                                           device=device, decoder=decoder, cache_dir=where,
                                           gpu_ready=ready, png_decoder=png)
+                    # The plan's PNG decoder (a cached row's: the one that fills its cache).
+                    used[name] = loader.loader.plan.png_decoder.value
                 except Exception as exc:  # a missing loader or device must not kill the others
                     used.pop(name, None)
                     skipped[name] = f"{type(exc).__name__}: {exc}"
                     logger.warning("Skipping %s: %s", name, skipped[name])
                     continue
                 pipes[name] = loader
-                closers.append(loader._dali_loader)
+                closers.append(loader.loader)
     if "gpu" not in devices:
         for png in decoders:
             tag = f"gpu-{png}" if len(decoders) > 1 else "gpu"
@@ -365,7 +363,7 @@ def run_bench(source: str, *, step_time: float = 0.0, batch_size: int = 128,
             except Exception as exc:  # a failed fill must not kill the other rows
                 skipped[name] = f"filling its cache failed: {type(exc).__name__}: {exc}"
                 logger.warning("Skipping %s: %s", name, skipped[name])
-                loader = pipes.pop(name)._dali_loader
+                loader = pipes.pop(name).loader
                 extras.pop(name)
                 loader.close()
                 closers.remove(loader)
@@ -374,7 +372,7 @@ def run_bench(source: str, *, step_time: float = 0.0, batch_size: int = 128,
             for name in order:
                 bar = _bar(progress, f"round {r + 1}/{rounds} {name}", max_batches or
                            _safe_len(pipes[name]))
-                loader = getattr(pipes[name], "_dali_loader", None)
+                loader = getattr(pipes[name], "loader", None)
                 before = _epoch_count(loader) if loader is not None else 0
                 stats = timed_epoch(name, pipes[name], step_time, max_batches, r,
                                     on_batch=bar.update if bar is not None else None)
@@ -388,7 +386,7 @@ def run_bench(source: str, *, step_time: float = 0.0, batch_size: int = 128,
                             name, stats.img_s, stats.input_wait_pct, stats.cpu_util_pct)
                 runs.append(stats)
         for name in [n for n in pipes if n.endswith("-cached")]:
-            extras[name].update(_cache_sizes(pipes[name]._dali_loader))
+            extras[name].update(_cache_sizes(pipes[name].loader.engine))
     finally:
         for c in closers:
             c.close()
@@ -397,7 +395,7 @@ def run_bench(source: str, *, step_time: float = 0.0, batch_size: int = 128,
     return {"source": str(source), "step_time": step_time, "batch_size": batch_size,
             "image_size": list(image_size), "rounds": rounds, "max_batches": max_batches,
             "png_decoder": png_decoder, "formats": formats,
-            "cores": os.cpu_count() or 1, "gpu": dali_gpu_count() > 0,
+            "cores": os.cpu_count() or 1, "gpu": probes.dali_gpus() > 0,
             "runs": [r.to_dict() for r in runs], "summary": summarize(runs, extras),
             "skipped": skipped}
 
@@ -441,7 +439,7 @@ def _fill(name: str, dataset: Any, progress: bool) -> dict[str, Any]:
 
     Returns its ``fill_img_s`` (no step) and ``fill_cpu_decodes`` (the files it decoded).
     """
-    loader = dataset._dali_loader
+    loader = dataset.loader
     before = _epoch_count(loader)
     bar = _bar(progress, f"fill {name}", _safe_len(dataset))
     stats = timed_epoch(name, dataset, 0.0, None, -1,

@@ -145,9 +145,10 @@ def _prefetch_ready(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from dali_loader.api import open_index
-    from dali_loader.decode.ready_forms import ReadyForm
     from dali_loader.decode.dali_graph import default_num_threads
-    from dali_loader.decode.png_stage import KerasPixels, PngDecoder, fill_png_decoder
+    from dali_loader import probes
+    from dali_loader.decode.png_stage import KerasPixels
+    from dali_loader.plan import Options, PngDecoder, check, has_jpegs, resolve
     from dali_loader.decode.spec import channels_for
     from dali_loader.errors import BadFileError
     from dali_loader.tfdata.dataset import ready_cache
@@ -156,15 +157,22 @@ def _prefetch_ready(args: argparse.Namespace) -> int:
     import_tensorflow_quietly()  # TF decodes each image once, as Keras does
     form = args.form
     channels = channels_for(args.color_mode)
+    # The fills' decoder is the plan's (`png_fill`, the same on every path; the DALI
+    # engine reads both forms).
+    options = Options(device="cpu", decoder="dali", gpu_ready=form,
+                      png_decoder=args.png_decoder, max_in_flight=args.max_in_flight)
+    env = probes.environment()
+    check(options, env)
     start = time.monotonic()
     src, index = open_index(args.url, labels=None, shuffle=False, cache_dir=args.cache_dir, manifest="refresh",
                             cache_max_bytes=args.cache_max_bytes, max_in_flight=args.max_in_flight)
-    png = fill_png_decoder(args.png_decoder)
+    plan = resolve(options, env.with_source(src.kind, lambda: has_jpegs(index.paths)))
+    probes.say_notes(plan)
+    png = plan.png_fill
     # Decodes run on the pool's threads, at most one per core at once (Wuffs frees the GIL).
     pixels = KerasPixels(channels, default_num_threads()) if png is PngDecoder.WUFFS else None
     with src:
-        ready = ready_cache(src, ReadyForm.TIFF if form == "tiff" else ReadyForm.RAW, channels,
-                            pixels)
+        ready = ready_cache(src, plan.cache_form, channels, pixels)
         failed: list[str] = []
         source_bytes = entry_bytes = 0
         with cf.ThreadPoolExecutor(args.max_in_flight, thread_name_prefix="prefetch") as pool, \

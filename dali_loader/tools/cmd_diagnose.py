@@ -26,7 +26,7 @@ def add_parsers(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--device", choices=("cpu", "gpu"), default=None,
                    help="loader device (default: auto)")
     p.add_argument("--png-decoder", choices=("wuffs", "libpng"), default=None,
-                   help="the loader's PNG decoder (default: libpng, the loader's default); "
+                   help="the loader's PNG decoder (default: the plan's, the native core where built, else libpng); "
                         "both are timed, the loader's bound uses this one")
     p.add_argument("--no-loader", action="store_true", help="skip the end-to-end loader run")
     p.add_argument("--json", action="store_true", help="print one JSON object")

@@ -35,8 +35,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Sequence
 
+from dali_loader import probes
 from dali_loader.args import positive_int
 from dali_loader.index import ALLOWLIST_FORMATS
+from dali_loader.plan import Options, Plan, resolve
 from dali_loader.storage.urls import parse_url
 from dali_loader.tools.decoders import decoder_name, format_counts, sniff_format
 
@@ -88,6 +90,8 @@ class Measurements:
     # decode rate of each format's files alone on all cores (TF's decoders: libpng for PNG).
     sample_formats: dict[str, int] | None = None
     decode_by_format: dict[str, float] | None = None
+    # The loader's plan (`plan.resolve`): field -> {"value", "why"} (None: not resolved).
+    plan: dict[str, dict[str, str]] | None = None
 
 
 def has_pngs(m: Measurements) -> bool:
@@ -411,15 +415,32 @@ def _png_counts(blobs: Sequence[bytes], wuffs_png: Callable[[bytes, int], Any]
     return len(pngs), sum(isinstance(wuffs_png(b, 3), png_cpu.Fallback) for b in pngs)
 
 
-def _resolve_decoder(png_decoder: str | None) -> str:
-    """The PNG decoder the loader runs for ``png_decoder`` ("wuffs" or "libpng")."""
+def _check_decoder_option(png_decoder: str | None) -> None:
+    """diagnose times libpng and Wuffs: ``png_decoder`` is None, "wuffs" or "libpng"."""
     if png_decoder not in (None, "wuffs", "libpng"):
         raise ValueError('png_decoder must be None (the native decoder where it is built, else '
                          'libpng), "wuffs" or "libpng". '
                          f"Received: png_decoder={png_decoder!r}")
-    from dali_loader.decode.png_stage import resolve_png_decoder
 
-    return resolve_png_decoder(png_decoder, device="cpu", decoder=None, gpu_ready=None).value
+
+def loader_plan(source: str, paths: Sequence[str], *, device: str | None = None,
+                png_decoder: str | None = None, batch_size: int = 32,
+                max_in_flight: int = 64) -> Plan:
+    """The plan of the loader `diagnose` times (`open_dataset`'s, on this machine and
+    `source`, whose listed files are `paths`): which path runs, and why."""
+    options = Options(device=device, png_decoder=png_decoder, batch_size=batch_size,
+                      max_in_flight=max_in_flight, seed=0)
+    return resolve(options, probes.environment(probes.source_kind(source), paths))
+
+
+def plan_table(plan: Plan) -> dict[str, dict[str, str]]:
+    """The plan for the report and the JSON: field -> {"value", "why"}, plus its notes."""
+    out = {name: {"value": value, "why": why} for name, value, why in plan.rows()}
+    out["facts"] = {"value": "", "why": ", ".join(f"{k}={getattr(v, 'value', v)}"
+                                                   for k, v in plan.facts.items())}
+    if plan.notes:
+        out["notes"] = {"value": str(len(plan.notes)), "why": " | ".join(plan.notes)}
+    return out
 
 
 def _cached_kernel(image_size: Sequence[int]):
@@ -482,8 +503,8 @@ def _measure_loader(source: str, batch_size: int, image_size: Sequence[int], max
                                    png_decoder=png_decoder)
         except Exception as exc:  # report, don't crash the diagnosis
             return None, None, f"{type(exc).__name__}: {exc}"
-        loader = dataset._dali_loader
-        dev = getattr(loader, "device", "cpu")  # a Feed: TF kernels on the CPU
+        loader = dataset.loader
+        dev = loader.device
         try:
             for _ in dataset.take(2):  # warm-up: a process's first epoch runs slow
                 pass
@@ -537,7 +558,7 @@ def run_diagnose(source: str, *, step_time: float = 0.0, batch_size: int = 32,
         raise ValueError(f"step_time must be >= 0. Received: step_time={step_time}")
     positive_int("batch_size", batch_size)
     positive_int("sample", sample)
-    runs = _resolve_decoder(png_decoder)
+    _check_decoder_option(png_decoder)
     if len(image_size) != 2 or min(image_size) <= 0:
         raise ValueError(f"image_size must be (height, width) > 0. Received: image_size={image_size}")
     cores = os.cpu_count() or 1
@@ -559,6 +580,9 @@ def run_diagnose(source: str, *, step_time: float = 0.0, batch_size: int = 32,
         cursor += n
         return out
 
+    plan = loader_plan(source, [p for p, _ in files], device=device, png_decoder=png_decoder,
+                       batch_size=batch_size, max_in_flight=loader_in_flight)
+    runs = plan.png_decoder.value  # the PNG decoder the loader runs (its plan's)
     fetch = make_fetcher(source)
     logger.info("Listed %d files in %.2f s; timing reads on %d", len(files), listing_s, len(pool))
     for p in take(min(4, len(pool))):  # warm-up: connections, credentials
@@ -610,7 +634,8 @@ def run_diagnose(source: str, *, step_time: float = 0.0, batch_size: int = 32,
                      loader_in_flight=loader_in_flight, png_decoder=runs,
                      png_decoder_option=png_decoder, wuffs_per_core=wuffs_1,
                      wuffs_all_cores=wuffs_n, sample_pngs=pngs, png_fallbacks=fallbacks,
-                     sample_formats=formats, decode_by_format=by_format)
+                     sample_formats=formats, decode_by_format=by_format,
+                     plan=plan_table(plan))
     v = verdict(m)
     if "decode" in (v["bottleneck"], v["bottleneck_with_loader"]):
         kernel = _cached_kernel(image_size)
@@ -680,6 +705,16 @@ def format_report(m: Measurements) -> str:
                   f"{v['bottleneck_with_loader']}; "
                   f"{'PNG decoder' if m.sample_formats is None else 'decoder'}: {name})", ""]
     lines += [f"- {a}" for a in v["advice"]]
+    if m.plan:
+        lines += ["", "plan (which path the loader runs, and why; dali_loader/plan.py):"]
+        fields = [(k, d) for k, d in m.plan.items() if k not in ("notes", "facts")]
+        kw = max(len(k) for k, _ in fields)
+        vw = max(len(d["value"]) for _, d in fields)
+        lines += [f"  {k:<{kw}}  {d['value']:<{vw}}  {d['why']}".rstrip() for k, d in fields]
+        if "facts" in m.plan:
+            lines.append(f"  facts read: {m.plan['facts']['why']}")
+        if "notes" in m.plan:
+            lines += [f"  note: {n}" for n in m.plan["notes"]["why"].split(" | ")]
     return "\n".join(lines)
 
 

@@ -1,0 +1,901 @@
+"""Which path runs: `resolve(options, environment) -> Plan`, in one place.
+
+A newcomer's question "which path runs for these options, and why?" is
+answered here and nowhere else. `Options` holds what the caller passed (the
+loader's keyword options, unvalidated); `Environment` holds what the machine
+and the source are (probed once, in `probes`, or injected by a test);
+`resolve` runs `RULES`, one ordered list, each rule a default, a check or a
+choice, and returns a frozen `Plan`: the engine, the device, the item reader,
+DALI's input, the PNG decoder per epoch and per cache fill, the cache form,
+the handoff and the checks. Every refusal is a `ValueError` (an `ImportError`
+for a decoder that is not built) ending in `Received: name=value`.
+
+`make_loader`, `to_tf_dataset`, `api`, `bench`, `diagnose` and `cache` read
+the plan; none of them decides again. `dali-loader diagnose` prints it.
+
+The rules that read the source (its kind, whether it holds JPEGs) come last
+and refuse nothing: `check(options, environment)` runs the others, so every
+refusal comes before a folder or bucket is listed (as Keras checks its
+arguments first), and `resolve` runs them all once the source is listed.
+
+This module imports neither TensorFlow nor DALI (nor any module that does).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import re
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+from dali_loader.args import positive_int
+from dali_loader.storage.manifest import check_manifest_mode
+from dali_loader.storage.source import SourceKind
+
+# The default pixel limit: 2**30 pixels (32768 x 32768; 4 GiB decoded as RGBA).
+# Keras decodes whatever fits in memory, so the default sits well above real
+# images (a 20000 x 20000 photo is 0.4 * 2**30) and about 6x Pillow's bomb
+# limit (178956970), yet refuses a header that claims billions of pixels
+# before a decoder tries to allocate them.
+DEFAULT_MAX_PIXELS = 1 << 30
+
+
+# -- the vocabulary: what a plan names ------------------------------------------------
+
+
+class Engine(str, enum.Enum):
+    """What decodes and resizes each epoch."""
+
+    TF_KERNELS = "tf-kernels"  # TF's own ops in tf.data's graph (the CPU default)
+    DALI = "dali"  # a DALI pipeline (the GPU default, or decoder="dali")
+    SERVICE = "service"  # TF's ops on the tf.data service's CPU workers
+
+
+class Device(str, enum.Enum):
+    """Where DALI decodes and resizes (TF's kernels always run on the CPU)."""
+
+    CPU = "cpu"
+    GPU = "gpu"
+
+
+class Output(str, enum.Enum):
+    """What the caller gets: a tf.data.Dataset, or numpy batches (`api.open_loader`)."""
+
+    TF_DATA = "tf.data"
+    NUMPY = "numpy"
+
+
+class ItemReader(str, enum.Enum):
+    """What the feed hands the decoder for each file (`feed.items`, `feed.ready`)."""
+
+    PATHS = "paths"  # the local path: TF reads the file (a local disk)
+    RAW_BYTES = "raw-bytes"  # the bytes, header size checked (FUSE/NFS)
+    PINNED_OR_BYTES = "pinned-or-bytes"  # a pinned cache entry, else bytes (URLs)
+    CHECKED_BYTES = "checked-bytes"  # bytes that passed the byte checks (DALI's decoder)
+    RAW_OR_CHECKED = "raw-or-checked"  # PNGs as raw pixel entries (Wuffs), others checked
+    READY_BYTES = "ready-bytes"  # GPU-ready cache entries as bytes (DALI)
+    READY_PINNED = "ready-pinned"  # GPU-ready cache entries, open (TF's kernels)
+    WORKERS = "workers"  # the tf.data service's workers read the files themselves
+
+
+class DaliInput(enum.Enum):
+    """What the DALI graph's encoded input holds (`decode.dali_graph.Input`)."""
+
+    FILES = "files"  # the dataset's files as they are (PNG, JPEG, ...)
+    READY_RAW = "ready-raw"  # GPU-ready cache entries: the pixels Keras decodes, uncompressed
+    READY_TIFF = "ready-tiff"  # GPU-ready cache entries: TIFFs of the pixels Keras decodes
+    # Pixels decoded before DALI (HWC uint8, the output's colour mode; `png_batches`):
+    # CuPy arrays on a GPU (external_source device="gpu"), numpy on the CPU.
+    PIXELS = "pixels"
+    # The files, each PNG already decoded into a raw entry (`png_stage`, Keras's
+    # pixels): raw entries are reshaped, the other files decoded on the CPU (a
+    # per-sample branch), then copied to the GPU.
+    FILES_OR_RAW = "files-or-raw"
+
+
+class PngDecoder(str, enum.Enum):
+    """Who decodes PNG files."""
+
+    # Wuffs, TF's pixels: the native core as a TF op on the TF path (`tf_png`), as a
+    # DALI operator (`dali_png`), or on the feed's threads (the core through ctypes,
+    # else pywuffs) on the DALI path and for GPU-ready fills
+    WUFFS = "wuffs"
+    LIBPNG = "libpng"  # TF's decode_png on the TF path, nvImageCodec inside DALI
+    GPU = "gpu"  # the batched GPU decoder (png_batches; experimental, off by default)
+
+
+class PngWhere(str, enum.Enum):
+    """Where the PNG decoder of each epoch runs."""
+
+    TF_OP = "tf-op"  # the native core as a TF op in tf.data's graph
+    DALI_OP = "dali-op"  # the native core as a DALI operator in DALI's graph
+    TF = "tf"  # TF's decode_png in tf.data's graph
+    FEED = "feed"  # Wuffs on the feed's threads (the core through ctypes, else pywuffs)
+    DALI = "dali"  # DALI's decoder (nvImageCodec)
+    GPU = "gpu"  # the batched GPU decoder, before DALI
+    NONE = "none"  # GPU-ready cache entries: no PNG decoded in a cached epoch
+
+
+class ReadyForm(enum.Enum):
+    """How a GPU-ready cache entry's pixels are encoded."""
+
+    TIFF = "tiff-deflate-pred2"
+    RAW = "raw"
+
+
+class Handoff(str, enum.Enum):
+    """How DALI's batches reach TF."""
+
+    GENERATOR = "generator"  # to the host, one `from_generator` call per batch
+    PLUGIN = "plugin"  # the DALI TF plugin, placed on the host: composes with every tf.data op
+    PLUGIN_GPU = "plugin-gpu"  # the DALI TF plugin, placed on the GPU: consumed as returned
+
+    @property
+    def plugin(self) -> bool:
+        return self is not Handoff.GENERATOR
+
+
+class Check(str, enum.Enum):
+    """What guards the decoders against a bad file (docs/architecture.md)."""
+
+    PIXEL_LIMIT = "pixel-limit"  # the header's pixels against max_pixels, before a decode
+    BYTES = "bytes"  # content sniff, PNG chunk/CRC walk, nvImageCodec's header parse
+    FEED_DECODE = "feed-decode"  # decoded on the feed's threads: a failure is on_error at once
+    AUDIT = "audit"  # every file TF's decoder drops is named, each iteration
+    CARDINALITY = "cardinality"  # every file comes (on_error="raise"): the size is asserted
+
+
+DEVICES = (None, "auto", "cpu", "gpu")
+DECODERS = (None, "dali", "tf")
+ON_ERROR = ("raise", "skip")
+PNG_DECODERS = (None, *(d.value for d in PngDecoder))
+GPU_READY_VALUES = (None, False, True, "raw", "tiff")
+HANDOFFS = (None, *(h.value for h in Handoff))
+_ADDRESS = re.compile(r"^grpc://(?P<host>\[[0-9a-fA-F:]+\]|[A-Za-z0-9_.-]+):(?P<port>\d{1,5})$")
+
+# Whether a GPU run has confirmed that DALI's `mixed` decoder decodes `TIFF`
+# entries on the GPU (nvTIFF), bit-exactly (device_checks/gpu_ready_check). Until
+# then `gpu_ready="tiff"` works but warns: on a GPU the TIFF may be decoded on
+# the CPU (nvImageCodec falls back to libtiff when nvTIFF refuses a file).
+TIFF_GPU_DECODE_VERIFIED = False
+
+
+# -- what resolve reads ------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """The loader's keyword options as the caller passed them (`resolve` checks them).
+
+    `batch_size`, `shuffle` and `seed` are Keras's arguments, read by the rules
+    that combine them with a loader option; `output` is the entry point's."""
+
+    device: str | None = None
+    decoder: str | None = None
+    png_decoder: str | PngDecoder | None = None
+    gpu_ready: bool | str | ReadyForm | None = None
+    handoff: str | Handoff | None = None
+    service: str | None = None
+    on_error: str = "raise"
+    num_threads: int | None = None
+    max_in_flight: int = 64
+    cache_max_bytes: int | None = None
+    max_pixels: int | None = DEFAULT_MAX_PIXELS
+    manifest: str = "use"
+    input_context: Any = None
+    batch_size: int | None = 32
+    shuffle: bool = True
+    seed: int | None = None
+    output: Output = Output.TF_DATA
+
+
+class Environment:
+    """The facts about this machine and the source that the rules read.
+
+    Each fact is a value, or a function of no arguments called on first read
+    (`probes.environment` passes the real probes, so a fact no rule reads is
+    never probed: the CPU default never imports DALI). A test injects values:
+    `Environment(tf_gpus=0, dali_gpus=0, ...)`; reading a fact it did not give
+    raises, so a test also shows which facts a combination reads.
+
+    Facts:
+        tf_gpus: GPUs TensorFlow sees.
+        dali_gpus: CUDA devices DALI sees.
+        tf_png_op: the native PNG core's TF op is built and loads.
+        dali_png_op: the native PNG core's DALI operator is built and loads.
+        wuffs: Wuffs decodes on the feed's threads (the native core, or pywuffs).
+        dali_tf_plugin: DALI's TF plugin (`nvidia.dali.plugin.tf`) imports.
+        source_kind: a `SourceKind` (after listing).
+        has_jpegs: the index names a .jpg/.jpeg file (after listing).
+    """
+
+    FACTS = ("tf_gpus", "dali_gpus", "tf_png_op", "dali_png_op", "wuffs", "dali_tf_plugin",
+             "source_kind", "has_jpegs")
+    SOURCE_FACTS = ("source_kind", "has_jpegs")
+
+    tf_gpus: int
+    dali_gpus: int
+    tf_png_op: bool
+    dali_png_op: bool
+    wuffs: bool
+    dali_tf_plugin: bool
+    source_kind: SourceKind
+    has_jpegs: bool
+
+    def __init__(self, **facts: Any):
+        unknown = set(facts) - set(self.FACTS)
+        if unknown:
+            raise TypeError(f"Unknown environment facts {sorted(unknown)}; the facts are "
+                            f"{self.FACTS}. Received: {sorted(facts)}")
+        self._given = dict(facts)
+        self._known: dict[str, Any] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_") or name not in self.FACTS:
+            raise AttributeError(name)
+        if name not in self._known:
+            if name not in self._given:
+                raise LookupError(f"The environment has no fact {name!r} (it was not probed "
+                                  "or given).")
+            value = self._given[name]
+            self._known[name] = value() if callable(value) else value
+        return self._known[name]
+
+    def with_source(self, kind: SourceKind, has_jpegs: bool | Callable[[], bool]) -> Environment:
+        """This environment (its facts read so far kept) plus the source's facts."""
+        env = Environment(**{**self._given, "source_kind": kind, "has_jpegs": has_jpegs})
+        env._known.update({k: v for k, v in self._known.items() if k not in self.SOURCE_FACTS})
+        return env
+
+    def read(self) -> dict[str, Any]:
+        """The facts read so far, in `FACTS` order (what `diagnose` prints)."""
+        return {k: self._known[k] for k in self.FACTS if k in self._known}
+
+    def __repr__(self) -> str:
+        return f"Environment({', '.join(f'{k}={v!r}' for k, v in self.read().items())})"
+
+
+def has_jpegs(paths) -> bool:
+    """Whether any path is named as a JPEG (what nvJPEG would decode on a GPU)."""
+    return any(p.lower().endswith((".jpg", ".jpeg")) for p in paths)
+
+
+# -- what resolve returns -------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """Which path runs for given options on this machine and source (`resolve`).
+
+    Attributes:
+        options: The options resolved.
+        engine: What decodes and resizes each epoch.
+        device: Where (DALI's device; TF's kernels run on the CPU).
+        device_id: The GPU of this input pipeline (0 on the CPU).
+        shard: `(pipeline, pipelines)` of `input_context`, else (0, 1).
+        output: A tf.data.Dataset or numpy batches.
+        item_reader: What the feed hands the decoder per file.
+        dali_input: What DALI's graph reads (None off the DALI engine).
+        png_epoch: Who decodes each epoch's PNGs (None: the GPU-ready cache's
+            entries, nothing decoded).
+        png_where: Where `png_epoch` runs.
+        png_fill: With the GPU-ready cache, who decodes the PNGs a fill reads.
+        cache_form: The GPU-ready cache's form, or None (no cache).
+        handoff: How DALI's batches reach TF (None off DALI, or for numpy).
+        checks: What guards the decoders against a bad file.
+        service_address: `(host, port)` of the tf.data service's dispatcher.
+        notes: What to say once (a slower fallback, an unverified path).
+        why: Each field the rules set -> the rule that set it, in words.
+        facts: The environment's facts the rules read, and their values.
+    """
+
+    options: Options
+    engine: Engine
+    device: Device
+    device_id: int
+    shard: tuple[int, int]
+    output: Output
+    item_reader: ItemReader | None
+    dali_input: DaliInput | None
+    png_epoch: PngDecoder | None
+    png_where: PngWhere | None
+    png_fill: PngDecoder | None
+    cache_form: ReadyForm | None
+    handoff: Handoff | None
+    checks: tuple[Check, ...]
+    service_address: tuple[str, int] | None = None
+    notes: tuple[str, ...] = ()
+    why: dict[str, str] = dataclasses.field(default_factory=dict, compare=False)
+    facts: dict[str, Any] = dataclasses.field(default_factory=dict, compare=False)
+
+    @property
+    def feed_pixels(self) -> bool:
+        """Whether the feed's threads decode with Wuffs (`png_stage.KerasPixels`):
+        each epoch's PNGs on the DALI path, or the GPU-ready cache's fills."""
+        return self.png_where is PngWhere.FEED or self.png_fill is PngDecoder.WUFFS
+
+    @property
+    def png_decoder(self) -> PngDecoder | None:
+        """The PNG decoder that runs: each epoch's, or with the cache its fills'."""
+        return self.png_epoch if self.cache_form is None else self.png_fill
+
+    def describe_png(self) -> str:
+        """One line: e.g. "wuffs (native core, TF op in the graph)"."""
+        where = {PngWhere.TF_OP: "native core, TF op in the graph",
+                 PngWhere.DALI_OP: "native core, DALI operator in the graph",
+                 PngWhere.TF: "TF's decode_png", PngWhere.FEED: "on the feed's threads",
+                 PngWhere.DALI: "DALI's decoder", PngWhere.GPU: "batched GPU decoder"}
+        if self.png_where is PngWhere.NONE:
+            return (f"{self.png_fill.value} (GPU-ready cache fills, on the feed's threads; "
+                    "epochs decode no PNG)")
+        return f"{self.png_epoch.value} ({where[self.png_where]})"
+
+    def rows(self) -> list[tuple[str, str, str]]:
+        """`(field, value, why)` for each decision, in the order the rules take them."""
+        out = []
+        for name in ("engine", "device", "device_id", "shard", "cache_form", "png_fill",
+                     "handoff", "item_reader", "dali_input", "png_epoch", "png_where",
+                     "checks"):
+            out.append((name, _show(getattr(self, name)), self.why.get(name, "")))
+        return out
+
+    def format(self) -> str:
+        """The plan as a few aligned lines (what `dali-loader diagnose` prints)."""
+        rows = self.rows()
+        w = max(len(n) for n, _, _ in rows)
+        v = max(len(x) for _, x, _ in rows)
+        lines = [f"  {n:<{w}}  {x:<{v}}  {why}".rstrip() for n, x, why in rows]
+        lines.append("  facts: " + ", ".join(f"{k}={_show(v)}" for k, v in self.facts.items()))
+        lines += [f"  note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+
+def _show(v: Any) -> str:
+    """A plan's value as printed: an enum's value, "-" for None."""
+    if isinstance(v, enum.Enum):
+        return str(v.value)
+    if isinstance(v, tuple) and v and isinstance(v[0], enum.Enum):
+        return ", ".join(str(x.value) for x in v)
+    return "-" if v is None else str(v)
+
+
+# -- the rules ------------------------------------------------------------------------
+
+
+class _Draft:
+    """What the rules read and write while `resolve` runs: the options (`o`),
+    the environment (`env`) and the plan's fields set so far."""
+
+    def __init__(self, options: Options, env: Environment):
+        self.o = options
+        self.env = env
+        self.fields: dict[str, Any] = {}
+        self.why: dict[str, str] = {}
+        self.notes: list[str] = []
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self.__dict__["fields"][name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    """One step of `resolve`: sets the plan's field `sets` to what `decide`
+    returns (a check sets nothing: `sets` is None), or refuses.
+
+    Attributes:
+        sets: The field it decides (or fields: `decide` returns a tuple), or None
+            for a check.
+        says: The rule in words (the `why` of its field).
+        decide: `(draft) -> value`; raises to refuse.
+        source: Reads the source's facts (runs after listing; refuses nothing).
+    """
+
+    sets: str | tuple[str, ...] | None
+    says: str
+    decide: Callable[[_Draft], Any]
+    source: bool = False
+
+
+class Because(NamedTuple):
+    """A rule's value and why it was chosen (the plan's `why` for its field;
+    without one, the rule's `says`)."""
+
+    value: Any
+    why: str
+
+
+def check_on_error(on_error: str) -> str:
+    """Validates an `on_error` value."""
+    if on_error not in ON_ERROR:
+        raise ValueError(f'`on_error` must be "raise" or "skip". Received: on_error={on_error}')
+    return on_error
+
+
+def _num_threads(d: _Draft) -> None:
+    positive_int("num_threads", d.o.num_threads, allow_none=True)
+
+
+def _max_in_flight(d: _Draft) -> None:
+    positive_int("max_in_flight", d.o.max_in_flight)
+
+
+def _cache_max_bytes(d: _Draft) -> None:
+    value = d.o.cache_max_bytes
+    if value is not None and value <= 0:
+        raise ValueError(
+            f"`cache_max_bytes` must be positive or None. Received: cache_max_bytes={value}")
+
+
+def check_max_pixels(max_pixels: int | None) -> int | None:
+    """Validates a `max_pixels` value: a positive int, or None (no limit)."""
+    if max_pixels is not None and (isinstance(max_pixels, bool) or not isinstance(
+            max_pixels, int) or max_pixels <= 0):
+        raise ValueError("`max_pixels` must be a positive integer or None. "
+                         f"Received: max_pixels={max_pixels!r}")
+    return max_pixels
+
+
+def _device_value(d: _Draft) -> None:
+    if d.o.device not in DEVICES:
+        raise ValueError(
+            f'`device` must be None (auto), "cpu" or "gpu". Received: device={d.o.device}')
+
+
+def _decoder_value(d: _Draft) -> None:
+    if d.o.decoder not in DECODERS:
+        raise ValueError(
+            f'`decoder` must be None, "dali" or "tf". Received: decoder={d.o.decoder}')
+
+
+def _png_decoder_value(d: _Draft) -> PngDecoder | None:
+    value = d.o.png_decoder
+    if value not in PNG_DECODERS and not isinstance(value, PngDecoder):
+        raise ValueError('`png_decoder` must be None (the native decoder where it is built, '
+                         'else libpng), "wuffs", "libpng" or "gpu" (the batched GPU decoder, '
+                         f"experimental). Received: png_decoder={value!r}")
+    return None if value is None else PngDecoder(value)
+
+
+def _gpu_ready_value(d: _Draft) -> ReadyForm | None:
+    value = d.o.gpu_ready
+    if isinstance(value, ReadyForm):
+        return value
+    if value not in GPU_READY_VALUES or (value is not None and not isinstance(
+            value, (bool, str))):
+        raise ValueError('`gpu_ready` must be None, False, True, "raw" or "tiff". '
+                         f"Received: gpu_ready={value!r}")
+    if value is None or value is False:
+        return None
+    return ReadyForm.TIFF if value == "tiff" else ReadyForm.RAW
+
+
+def _handoff_value(d: _Draft) -> Handoff | None:
+    value = d.o.handoff
+    if value is None or isinstance(value, Handoff):
+        return value
+    try:
+        return Handoff(value)
+    except ValueError:
+        raise ValueError('`handoff` must be None, "generator", "plugin" or "plugin-gpu". '
+                         f"Received: handoff={value!r}") from None
+
+
+def shard_of(input_context: Any) -> tuple[int, int]:
+    """`(pipeline id, pipelines)` of a `tf.distribute.InputContext`, or (0, 1)."""
+    if input_context is None:
+        return (0, 1)
+    try:
+        shard = (int(input_context.input_pipeline_id), int(input_context.num_input_pipelines))
+    except AttributeError:
+        raise ValueError(
+            "`input_context` must be the tf.distribute.InputContext passed to the "
+            "function given to strategy.distribute_datasets_from_function. "
+            f"Received: input_context={input_context!r}"
+        ) from None
+    if not 0 <= shard[0] < shard[1]:
+        raise ValueError(f"Invalid input pipeline {shard[0]} of {shard[1]}. "
+                         f"Received: input_context={input_context!r}")
+    return shard
+
+
+def parse_service(service: Any) -> tuple[str, int]:
+    """`(host, port)` of a `"grpc://host:port"` dispatcher address; ValueError otherwise."""
+    m = _ADDRESS.match(service) if isinstance(service, str) else None
+    if not m or not 0 < int(m.group("port")) < 65536:
+        raise ValueError(
+            '`service` must be a tf.data service dispatcher address, "grpc://host:port" '
+            "(start one with `dali-loader serve dispatcher --port P`), or None. "
+            f"Received: service={service!r}")
+    return m.group("host").strip("[]"), int(m.group("port"))
+
+
+def _service(d: _Draft) -> tuple[str, int] | None:
+    """With a service the workers decode with TF's kernels on their CPUs, so
+    DALI (`decoder="dali"`, `device="gpu"`, `handoff`: DALIDataset refuses split
+    providers) and the GPU-ready cache cannot join it; nor can `input_context`
+    (one trainer reads each epoch: docs/service.md)."""
+    o = d.o
+    if o.service is None:
+        return None
+    address = parse_service(o.service)
+    refused = {"decoder": (o.decoder, ("tf", None)), "device": (o.device, ("cpu", None)),
+               "handoff": (o.handoff, (None,)), "gpu_ready": (o.gpu_ready, (None, False)),
+               "input_context": (o.input_context, (None,))}
+    for name, (value, allowed) in refused.items():
+        if value not in allowed:
+            raise ValueError(
+                f"`service` runs the TF-kernel graph on the tf.data service's CPU workers; it "
+                f"cannot be combined with {name}={value!r} (allowed with service: "
+                f"{' or '.join(repr(a) for a in allowed)}). Received: service={o.service!r}, "
+                f"{name}={value!r}")
+    if d.png_asked not in (None, PngDecoder.LIBPNG):
+        raise ValueError(
+            "The tf.data service's workers run a pure TF graph: PNGs are decoded by TF's "
+            'libpng there. Pass png_decoder=None (or "libpng") with `service`. '
+            f"Received: png_decoder={o.png_decoder!r}, service={o.service!r}")
+    return address
+
+
+def _seed_for_shards(d: _Draft) -> None:
+    if d.shard[1] > 1 and d.o.shuffle and d.o.seed is None:
+        raise ValueError(
+            "With `input_context` and shuffling, every input pipeline must use the same "
+            "`seed`, so that they shuffle alike and read disjoint shards. Pass `seed`. "
+            f"Received: seed=None, input_context={d.o.input_context!r}")
+
+
+def _device(d: _Draft) -> Because:
+    asked, env = d.o.device, d.env
+    if d.address is not None:
+        return Because(Device.CPU, "service=: the workers decode on their CPUs")
+    if asked == "cpu":
+        return Because(Device.CPU, 'device="cpu"')
+    if d.o.output is Output.TF_DATA and env.tf_gpus == 0:
+        if asked == "gpu":
+            raise ValueError(
+                'device="gpu" was requested but TensorFlow sees no GPU. Install TensorFlow '
+                "with CUDA (pip install 'tensorflow[and-cuda]') or use device=None. "
+                "Received: device='gpu'")
+        return Because(Device.CPU, "TensorFlow sees no GPU")
+    if env.dali_gpus == 0:
+        if asked == "gpu":
+            raise ValueError(
+                'device="gpu" was requested but DALI sees no CUDA GPU. Use device=None '
+                "to pick the CPU automatically, or check the driver and CUDA_VISIBLE_DEVICES. "
+                "Received: device='gpu'")
+        return Because(Device.CPU, "DALI sees no GPU")
+    if asked == "gpu":
+        return Because(Device.GPU, 'device="gpu"')
+    seen = "DALI" if d.o.output is Output.NUMPY else "TF and DALI"
+    return Because(Device.GPU, f"device=None and {seen} see a GPU")
+
+
+def _tf_decoder_on_gpu(d: _Draft) -> None:
+    if d.o.decoder == "tf" and d.device is Device.GPU:
+        raise ValueError(
+            'decoder="tf" decodes on the CPU; it cannot be combined with '
+            f'device="gpu". Received: decoder={d.o.decoder}, device={d.device.value}')
+
+
+def _engine(d: _Draft) -> Because:
+    """The one place `decoder == "dali" or device == "gpu"` is written."""
+    if d.address is not None:
+        return Because(Engine.SERVICE, "service=")
+    if d.o.output is Output.NUMPY:
+        return Because(Engine.DALI, "numpy batches (api.open_loader): DALI")
+    if d.o.decoder == "dali":
+        return Because(Engine.DALI, 'decoder="dali"')
+    if d.device is Device.GPU:
+        return Because(Engine.DALI, "the GPU: DALI decodes and resizes there")
+    return Because(Engine.TF_KERNELS, "the CPU: TF's kernels (bit-identical to Keras, faster "
+                                      "than DALI's there)")
+
+
+def _tiff_needs_dali(d: _Draft) -> None:
+    if d.cache_form is ReadyForm.TIFF and d.engine is not Engine.DALI:
+        raise ValueError(
+            'gpu_ready="tiff" stores TIFFs for DALI to decode; TensorFlow\'s kernels read the '
+            'raw form. Use gpu_ready=True, or decoder="dali". Received: gpu_ready=\'tiff\'')
+
+
+def _gpu_png(d: _Draft) -> None:
+    if d.png_asked is not PngDecoder.GPU:
+        return
+    if d.engine is not Engine.DALI:
+        raise ValueError(
+            'png_decoder="gpu" feeds decoded pixels to the DALI graph; it needs '
+            'device="gpu", or decoder="dali" on the CPU (where the decoder\'s '
+            f'kernels run under numba-cuda\'s simulator). Received: '
+            f"png_decoder='gpu', device={d.o.device!r}, decoder={d.o.decoder!r}")
+    if d.cache_form is not None:
+        raise ValueError('png_decoder="gpu" and `gpu_ready` cannot be combined: the GPU-ready '
+                         "cache already decodes every file once. Received: "
+                         f"png_decoder='gpu', gpu_ready={d.cache_form.value!r}")
+
+
+_WUFFS_MISSING = ("the native PNG core (`make install`: python -m dali_loader.native.build) or "
+                  "Wuffs' Python bindings (pip install pywuffs==2.0.1)")
+
+
+def _wuffs_built(d: _Draft) -> None:
+    """png_decoder="wuffs" needs its decoder built where it runs."""
+    if d.png_asked is not PngDecoder.WUFFS:
+        return
+    if d.engine is Engine.TF_KERNELS and d.cache_form is None:
+        if not d.env.tf_png_op:
+            raise ImportError(
+                'png_decoder="wuffs" on the CPU default decodes PNGs with the native core\'s '
+                "TF op, which is not available; build it with: python -m "
+                "dali_loader.native.build_tf (part of `make install`). "
+                "Received: png_decoder='wuffs'")
+    elif not d.env.wuffs:
+        raise ImportError(f'png_decoder="wuffs" needs {_WUFFS_MISSING}. '
+                          "Received: png_decoder='wuffs'")
+
+
+def _png_fill(d: _Draft) -> Because | None:
+    if d.cache_form is None:
+        return None
+    if d.png_asked is not None:
+        return Because(d.png_asked, f"png_decoder={d.png_asked.value!r}")
+    if d.env.wuffs:
+        return Because(PngDecoder.WUFFS, "png_decoder=None: Wuffs, installed here")
+    d.notes.append("The fast PNG decoder (Wuffs) is not installed: the GPU-ready cache is "
+                   f"filled with libpng, about 0.7x as fast; `make install` builds {_WUFFS_MISSING}.")
+    return Because(PngDecoder.LIBPNG, "png_decoder=None: Wuffs is not installed")
+
+
+def _tiff_on_gpu(d: _Draft) -> None:
+    if (d.cache_form is ReadyForm.TIFF and d.device is Device.GPU
+            and not TIFF_GPU_DECODE_VERIFIED):
+        d.notes.append(
+            'gpu_ready="tiff": whether DALI decodes these TIFFs on the GPU is unverified; on a '
+            "fallback they are decoded on the CPU, no faster than the PNGs. gpu_ready=True "
+            "(raw entries) decodes nothing.")
+
+
+def _handoff(d: _Draft) -> Handoff | None:
+    """The handoff for DALI's batches. None picks the host-placed plugin on the
+    GPU when it holds every guarantee of the options: batched, and
+    `on_error="raise"` or the GPU-ready cache (its entries were decoded by TF
+    first, so a file DALI cannot decode never reaches DALI). `PLUGIN_GPU` is
+    never picked: it is asked for."""
+    asked, o = d.handoff_asked, d.o
+    if d.png_asked is PngDecoder.GPU:
+        if asked not in (None, Handoff.GENERATOR):
+            raise ValueError(
+                'png_decoder="gpu" needs handoff="generator" (or None): its decoded pixels '
+                "are on the GPU and enter DALI through external_source(device=\"gpu\"), "
+                "but the DALI TF plugin's DALIDatasetWithInputs takes CPU inputs only. "
+                f"Received: handoff={asked.value!r}, png_decoder='gpu'")
+        return Because(Handoff.GENERATOR, 'png_decoder="gpu": its pixels are on the GPU')
+    if asked is None:
+        if d.engine is not Engine.DALI or o.output is not Output.TF_DATA:
+            return None
+        if d.device is not Device.GPU:
+            return Because(Handoff.GENERATOR, "handoff=None on the CPU")
+        if o.batch_size is None:
+            return Because(Handoff.GENERATOR, "handoff=None, batch_size=None")
+        if o.on_error != "raise" and d.cache_form is None:
+            return Because(Handoff.GENERATOR, 'handoff=None, on_error="skip" without gpu_ready '
+                                              "(a bad file would end a plugin epoch)")
+        if not d.env.dali_tf_plugin:
+            d.notes.append("DALI's TF plugin (nvidia.dali.plugin.tf) does not import: DALI's "
+                           'batches reach TF through from_generator (handoff="generator").')
+            return Because(Handoff.GENERATOR, "handoff=None: DALI's TF plugin does not import")
+        return Because(Handoff.PLUGIN, "handoff=None on a GPU, batched, every file decodable")
+    if asked.plugin and o.batch_size is None:
+        raise ValueError(f'handoff="{asked.value}" needs batches (DALI makes them). '
+                         f"Received: handoff={asked.value!r}, batch_size=None")
+    if asked is Handoff.PLUGIN_GPU and d.device is not Device.GPU:
+        raise ValueError('handoff="plugin-gpu" keeps DALI\'s batches on the GPU; it needs '
+                         'device="gpu" (or None on a machine where TF and DALI see a GPU). '
+                         f"Received: handoff={asked.value!r}, device={d.device.value!r}")
+    if asked.plugin and d.engine is not Engine.DALI:
+        raise ValueError(
+            f'handoff="{asked.value}" hands over DALI\'s batches; on the CPU it needs '
+            f'decoder="dali". Received: handoff={asked.value!r}, device={d.device.value!r}, '
+            f"decoder={o.decoder!r}")
+    if d.engine is not Engine.DALI:
+        return Because(None, f"handoff={asked.value!r}: no DALI batches to hand over")
+    return Because(asked, f"handoff={asked.value!r}")
+
+
+def _device_id(d: _Draft) -> Because:
+    if d.device is not Device.GPU:
+        return Because(0, "the CPU")
+    gpus = d.env.dali_gpus
+    return Because(d.shard[0] % max(1, gpus),
+                   f"input pipeline {d.shard[0]} of {d.shard[1]} on DALI's {gpus} GPU(s)")
+
+
+def _gpu_with_jpegs(d: _Draft) -> bool:
+    """On a GPU a folder with JPEGs keeps DALI's decoder for every file: nvJPEG
+    decodes them there, which a per-sample branch (CPU operators only) would not."""
+    return d.device is Device.GPU and d.engine is Engine.DALI and d.env.has_jpegs
+
+
+def _png_epoch(d: _Draft) -> Because:
+    asked, env = d.png_asked, d.env
+    named = f"png_decoder={None if asked is None else asked.value!r}"
+    if d.cache_form is not None:
+        return Because((None, PngWhere.NONE), "gpu_ready: a cached epoch decodes no PNG")
+    if d.engine is Engine.SERVICE:
+        return Because((PngDecoder.LIBPNG, PngWhere.TF), "service=: the workers run TF's graph")
+    if d.engine is Engine.TF_KERNELS:
+        if asked is PngDecoder.LIBPNG:
+            return Because((PngDecoder.LIBPNG, PngWhere.TF), named)
+        if asked is PngDecoder.WUFFS:
+            return Because((PngDecoder.WUFFS, PngWhere.TF_OP), named)
+        if env.tf_png_op:
+            return Because((PngDecoder.WUFFS, PngWhere.TF_OP), f"{named}: the TF op is built")
+        d.notes.append("The native PNG decoder's TF op is not available: PNGs are decoded "
+                       "with TF's libpng, slower. `make install` builds it (python -m "
+                       "dali_loader.native.build_tf).")
+        return Because((PngDecoder.LIBPNG, PngWhere.TF), f"{named}: the TF op is not built")
+    if asked is PngDecoder.GPU:
+        return Because((PngDecoder.GPU, PngWhere.GPU), named)
+    if _gpu_with_jpegs(d) and asked is not PngDecoder.LIBPNG:
+        return Because((PngDecoder.LIBPNG, PngWhere.DALI),
+                       f"{named}, on a GPU with JPEGs: DALI's mixed decoder takes every file")
+    if asked is PngDecoder.WUFFS:
+        return Because((PngDecoder.WUFFS, PngWhere.FEED), named)
+    if asked is None and env.dali_png_op:
+        return Because((PngDecoder.WUFFS, PngWhere.DALI_OP), f"{named}: the DALI op is built")
+    if asked is None:
+        return Because((PngDecoder.LIBPNG, PngWhere.DALI), f"{named}: the DALI op is not built")
+    return Because((PngDecoder.LIBPNG, PngWhere.DALI), named)
+
+
+def _item_reader(d: _Draft) -> ItemReader | Because:
+    if d.engine is Engine.SERVICE:
+        return ItemReader.WORKERS
+    if d.engine is Engine.TF_KERNELS:
+        if d.cache_form is not None:
+            return ItemReader.READY_PINNED
+        kind = d.env.source_kind
+        return Because({SourceKind.LOCAL_DISK: ItemReader.PATHS,
+                        SourceKind.NETWORK_FS: ItemReader.RAW_BYTES,
+                        SourceKind.REMOTE: ItemReader.PINNED_OR_BYTES}[kind],
+                       f"TF's kernels, a {kind.value} source")
+    if d.cache_form is not None:
+        return ItemReader.READY_BYTES
+    if d.png_where is PngWhere.FEED:
+        return ItemReader.RAW_OR_CHECKED
+    return ItemReader.CHECKED_BYTES
+
+
+def _dali_input(d: _Draft) -> DaliInput | None:
+    if d.engine is not Engine.DALI:
+        return None
+    if d.cache_form is not None:
+        return {ReadyForm.RAW: DaliInput.READY_RAW, ReadyForm.TIFF: DaliInput.READY_TIFF}[
+            d.cache_form]
+    return {PngWhere.GPU: DaliInput.PIXELS, PngWhere.FEED: DaliInput.FILES_OR_RAW}.get(
+        d.png_where, DaliInput.FILES)
+
+
+def _checks(d: _Draft) -> tuple[Check, ...]:
+    if d.engine is Engine.SERVICE:  # the trainer's tally names every file a worker failed
+        return (Check.AUDIT,)
+    out = []
+    if d.o.max_pixels is not None:
+        out.append(Check.PIXEL_LIMIT)
+    if d.item_reader in (ItemReader.CHECKED_BYTES, ItemReader.RAW_OR_CHECKED):
+        out.append(Check.BYTES)
+    if d.png_where is PngWhere.FEED or d.cache_form is not None:
+        out.append(Check.FEED_DECODE)
+    if d.engine is Engine.TF_KERNELS and d.cache_form is None:
+        out.append(Check.AUDIT)
+    if d.o.on_error == "raise" and d.o.output is Output.TF_DATA:
+        out.append(Check.CARDINALITY)
+    return tuple(out)
+
+
+def _set(field: str | tuple[str, ...], fn: Callable[[_Draft], Any], says: str, source: bool = False) -> Rule:
+    return Rule(field, says, fn, source)
+
+
+def _check(fn: Callable[[_Draft], Any], says: str) -> Rule:
+    return Rule(None, says, fn)
+
+
+# Every default and every cross-option rule, in the order they run. A rule reads
+# the options, the environment and the fields of the rules before it.
+RULES: tuple[Rule, ...] = (
+    _check(lambda d: check_on_error(d.o.on_error), 'on_error is "raise" or "skip"'),
+    _check(_num_threads, "num_threads is a positive integer or None (the cores available)"),
+    _check(_max_in_flight, "max_in_flight is a positive integer"),
+    _check(_cache_max_bytes, "cache_max_bytes is positive or None (half the free disk)"),
+    _check(lambda d: check_max_pixels(d.o.max_pixels), "max_pixels is a positive int or None"),
+    _check(lambda d: check_manifest_mode(d.o.manifest), 'manifest is "use", "refresh" or "off"'),
+    _check(_device_value, 'device is None (auto), "cpu" or "gpu"'),
+    _check(_decoder_value, 'decoder is None, "dali" or "tf"'),
+    _set("png_asked", _png_decoder_value, 'png_decoder is None, "wuffs", "libpng" or "gpu"'),
+    _set("cache_form", _gpu_ready_value,
+         'gpu_ready: None/False no cache; True/"raw" raw entries; "tiff" TIFF entries'),
+    _set("handoff_asked", _handoff_value, 'handoff is None, "generator", "plugin" or "plugin-gpu"'),
+    _set("shard", lambda d: Because(shard_of(d.o.input_context), "no input_context"
+                                    if d.o.input_context is None else "input_context"),
+         "input_context: this pipeline's shard of each epoch, else (0, 1)"),
+    _set("address", _service, "service: TF's kernels on its CPU workers; the CPU options only"),
+    _check(_seed_for_shards, "sharded and shuffled: every pipeline passes the same seed"),
+    _set("device", _device, 'device None: the GPU when TF and DALI both see one, else the CPU'),
+    _check(_tf_decoder_on_gpu, 'decoder="tf" decodes on the CPU: not with device="gpu"'),
+    _set("engine", _engine,
+         'DALI for decoder="dali" or a GPU (or numpy batches); the service with service=; '
+         "else TF's kernels"),
+    _check(_tiff_needs_dali, 'gpu_ready="tiff" needs DALI: TF\'s kernels read the raw form'),
+    _check(_gpu_png, 'png_decoder="gpu" needs DALI, and no gpu_ready'),
+    _check(_wuffs_built, 'png_decoder="wuffs" needs its decoder built where it runs'),
+    _set("png_fill", _png_fill,
+         "cache fills: png_decoder as asked; None is Wuffs where installed, else libpng"),
+    _check(_tiff_on_gpu, 'gpu_ready="tiff" on a GPU: its GPU decode is unverified (a note)'),
+    _set("handoff", _handoff,
+         'DALI to tf.data: None is "plugin" on a GPU with batches and on_error="raise" or '
+         'gpu_ready (where the plugin imports), else "generator"; png_decoder="gpu": generator'),
+    _set("device_id", _device_id, "on a GPU: the input pipeline's id modulo DALI's GPUs"),
+    # The source's rules: after listing; they refuse nothing.
+    _set(("png_epoch", "png_where"), _png_epoch,
+         "each epoch's PNGs: TF path: the native TF op where built (else libpng); DALI: the "
+         "native DALI op where built, Wuffs on the feed's threads, or DALI's decoder (every "
+         "file on a GPU with JPEGs); the cache's entries: none", source=True),
+    _set("item_reader", _item_reader,
+         "TF path: paths on a local disk, bytes on FUSE/NFS, pinned entries for URLs; DALI: "
+         "checked bytes (PNGs as raw pixels with Wuffs on the feed); the cache's entries",
+         source=True),
+    _set("dali_input", _dali_input,
+         "DALI reads the files, files with raw PNG pixels, the cache's entries, or pixels",
+         source=True),
+    _set("checks", _checks, "what guards the decoders, by item reader and on_error",
+         source=True),
+)
+
+
+def _run(options: Options, env: Environment, source: bool) -> _Draft:
+    d = _Draft(options, env)
+    for rule in RULES:
+        if rule.source and not source:
+            continue
+        value = rule.decide(d)
+        if rule.sets is None:
+            continue
+        why = "" if value is None else rule.says
+        if isinstance(value, Because):
+            value, why = value
+        names, values = ((rule.sets, value) if isinstance(rule.sets, tuple)
+                         else ((rule.sets,), (value,)))
+        for name, v in zip(names, values):
+            d.fields[name] = v
+            d.why[name] = why
+    return d
+
+
+def check(options: Options, env: Environment) -> None:
+    """Runs every rule that refuses (all but the source's), reading only the
+    machine's facts: the refusals come before the source is listed."""
+    _run(options, env, source=False)
+
+
+def resolve(options: Options, env: Environment) -> Plan:
+    """The plan for `options` on `env` (its machine and source facts).
+
+    Raises:
+        ValueError: an option's value, or a combination, that cannot be served
+            (the message ends in `Received: name=value`).
+        ImportError: png_decoder="wuffs" where its decoder is not built.
+    """
+    d = _run(options, env, source=True)
+    why = dict(d.why)
+    for field in ("png_asked", "handoff_asked", "address"):
+        why.pop(field)
+    return Plan(options=options, engine=d.engine, device=d.device, device_id=d.device_id,
+                shard=d.shard, output=options.output, item_reader=d.item_reader,
+                dali_input=d.dali_input, png_epoch=d.png_epoch, png_where=d.png_where,
+                png_fill=d.png_fill, cache_form=d.cache_form, handoff=d.handoff,
+                checks=d.checks, service_address=d.address, notes=tuple(d.notes), why=why,
+                facts=env.read())

@@ -1,0 +1,120 @@
+"""The environment `plan.resolve` reads, probed in one place: named capability probes.
+
+Each probe answers one question about this machine, loading what it asks about
+(TF, DALI, a native library) only when a rule reads its fact
+(`plan.Environment` calls it on first read, once per environment). Tests do not
+probe: they inject an `Environment` of values.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable
+
+from dali_loader.plan import Environment, Plan, has_jpegs
+from dali_loader.storage.source import SourceKind
+
+logger = logging.getLogger(__name__)
+
+
+def tf_gpus() -> int:
+    """GPUs TensorFlow sees (imports TF)."""
+    from dali_loader.lazy import import_tf
+
+    return len(import_tf().config.list_physical_devices("GPU"))
+
+
+def dali_gpus() -> int:
+    """CUDA devices DALI sees (0 without a GPU or driver)."""
+    from dali_loader.decode.devices import dali_gpu_count
+
+    return dali_gpu_count()
+
+
+def tf_png_op() -> bool:
+    """Whether the native PNG core's TF op is built and loads (imports TF)."""
+    from dali_loader.decode import tf_png
+
+    return tf_png.available()
+
+
+def dali_png_op() -> bool:
+    """Whether the native PNG core's DALI operator is built and loads (imports DALI)."""
+    from dali_loader.decode import dali_png
+
+    return dali_png.available()
+
+
+def wuffs() -> bool:
+    """Whether Wuffs decodes on the feed's threads: the native core (ctypes) or pywuffs."""
+    from dali_loader.decode.png_stage import wuffs_available
+
+    return wuffs_available()
+
+
+def dali_tf_plugin() -> bool:
+    """Whether DALI's TF plugin imports (imports TF and DALI)."""
+    from dali_loader.lazy import import_dali_tf
+
+    try:
+        import_dali_tf()
+    except ImportError:
+        return False
+    return True
+
+
+def source_kind(source: str) -> SourceKind:
+    """Where `source`'s files live, from its name (a URL) or its mount (`/proc/mounts`),
+    before it is listed."""
+    from dali_loader.storage.local import on_network_fs
+    from dali_loader.storage.urls import is_remote
+
+    if is_remote(source):
+        return SourceKind.REMOTE
+    if source.startswith("file://"):
+        source = source[len("file://"):]
+    return SourceKind.NETWORK_FS if on_network_fs(source) else SourceKind.LOCAL_DISK
+
+
+# The machine's facts, each answered by the probe of the same name in this module.
+MACHINE_FACTS = ("tf_gpus", "dali_gpus", "tf_png_op", "dali_png_op", "wuffs", "dali_tf_plugin")
+
+
+def environment(source_kind: SourceKind | None = None,
+                paths: Iterable[str] | None = None) -> Environment:
+    """This machine's environment, each fact probed on first read (by this module's
+    probe of its name); with the source's facts when `source_kind` and `paths`
+    (the index's) are given."""
+    env = Environment(**{name: globals()[name] for name in MACHINE_FACTS})
+    if source_kind is not None:
+        env = env.with_source(source_kind, lambda: has_jpegs(paths or ()))
+    return env
+
+
+_said: set[str] = set()
+_said_lock = threading.Lock()
+
+
+def say_notes(plan: Plan) -> None:
+    """Logs each of the plan's notes once per process (a slower fallback, an
+    unverified path)."""
+    for note in plan.notes:
+        with _said_lock:
+            if note in _said:
+                continue
+            _said.add(note)
+        logger.warning("%s", note)
+
+
+def share_gpu(plan: Plan) -> None:
+    """On a GPU with a tf.data output, lets TF and DALI share the card
+    (`devices.share_gpu_with_dali`: TF memory growth)."""
+    from dali_loader.plan import Device, Output
+
+    if plan.device is Device.GPU and plan.output is Output.TF_DATA:
+        from dali_loader.decode.devices import share_gpu_with_dali
+        from dali_loader.lazy import import_tf
+
+        tf = import_tf()
+        share_gpu_with_dali(tf, tf.config.list_physical_devices("GPU"))
