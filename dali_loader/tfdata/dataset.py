@@ -202,6 +202,14 @@ def _has_jpeg(index: Index) -> bool:
     return any(p.lower().endswith((".jpg", ".jpeg")) for p in index.paths)
 
 
+def _has_png(index: Index) -> bool:
+    """Whether any file is named as a PNG: what the native op in the TF path's graph
+    is for. A folder with none gets a graph without it (issue 29): every file
+    would pass the op and its `tf.cond` only to reach TF's decoder. A PNG named
+    otherwise is still decoded, by TF's decoder, to the same pixels."""
+    return any(p.lower().endswith(".png") for p in index.paths)
+
+
 def ready_cache(source: Source, form: ReadyForm, channels: int,
                 pixels: KerasPixels | None = None,
                 max_pixels: int | None = DEFAULT_MAX_PIXELS) -> ReadyCache:
@@ -570,8 +578,9 @@ def _tf_kernel_dataset(tf, feed: Feed, spec: ImageSpec, batch_size: int | None,
     ds = _per_iterator_dataset(tf, epochs.generators, (*files, vec))
     ds._dali_epochs = epochs  # held by every dataset and iterator derived from it
     # PNGs by the native core's op where png_decoder resolved to it (others, and
-    # the files it leaves, by TF's decoder in the same graph: tf_png).
-    native = getattr(feed, "png_decoder", None) is PngDecoder.WUFFS
+    # the files it leaves, by TF's decoder in the same graph: tf_png), and where
+    # a file is named as a PNG: a folder of JPEGs gets Keras's decode alone.
+    native = getattr(feed, "png_decoder", None) is PngDecoder.WUFFS and _has_png(feed.index)
     if epochs.reads is _Reads.PINNED_OR_BYTES:
         def decode(data, offset, key):
             return decode_like_keras(read_item(tf, data, offset), spec, tf, native), key
