@@ -20,7 +20,10 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+from bench_vs_keras import time_first  # noqa: E402  (the issue's benchmark's first batch)
 
 KW = dict(image_size=(244, 244), batch_size=128, seed=1, verbose=False)
 
@@ -55,15 +58,6 @@ def epoch(ds) -> tuple[float, float, float]:
     return n / wall, cpu / n * 1e3, switches / n
 
 
-def first_batch_ms(ds) -> float:
-    t = time.perf_counter()
-    it = iter(ds)
-    next(it)
-    dt = time.perf_counter() - t
-    del it
-    return dt * 1e3
-
-
 def main(argv: list[str]) -> int:
     import keras
 
@@ -80,7 +74,7 @@ def main(argv: list[str]) -> int:
         for k, ds in loaders.items():
             runs[k].append(epoch(ds))
         for k, ds in loaders.items():
-            firsts[k].append(first_batch_ms(ds))
+            firsts[k].append(time_first(ds) * 1e3)
     keras_best = max(r[0] for r in runs["keras"])
     for k, v in runs.items():
         ips = [r[0] for r in v]
