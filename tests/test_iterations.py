@@ -228,3 +228,58 @@ def test_cache_a_third_of_the_dataset_trains_every_file(noise_tree, gcs, tmp_pat
     assert remote.loader.skipped == {}
     cache = remote.loader.engine.source.remote.cache
     assert cache.stats().bytes <= total // 3  # the bound held
+
+
+def _generator_of(ds):
+    """The TF path's generator dataset under `ds`."""
+    todo = [ds]
+    while todo:
+        d = todo.pop()
+        if hasattr(d, "_finalize_func"):
+            return d
+        todo.extend(d._inputs())
+    raise AssertionError("no generator dataset in the pipeline")
+
+
+def _attr(func, name: str) -> bool:
+    attrs = func.function.function_def.attr
+    return name in attrs and attrs[name].b
+
+
+def _abandon_then_whole_epoch(ds) -> None:
+    """Abandoned iterators are finalized (their auditors dropped); then a whole epoch."""
+    for _ in range(3):
+        it = iter(ds)
+        next(it)
+        del it
+        gc.collect()
+    wait_for(lambda: len(ds._dali_audits) == 0)  # finalize ran for each
+    assert sorted(i for x in ds for i in ids(x)) == list(range(23))
+
+
+def test_generator_init_and_finalize_are_single_device(id_tree):
+    """Issue 29: the generator's one-output functions skip grappler per iterator."""
+    from dali_loader.tfdata import dataset as tfd
+
+    ds = make(id_tree, "tf", "raise")
+    gen = _generator_of(ds)
+    assert type(gen) is tfd._single_device_class(tf)
+    assert _attr(gen._init_func, "experimental_ints_on_device")
+    assert _attr(gen._finalize_func, "experimental_ints_on_device")
+    assert not _attr(gen._next_func, "experimental_ints_on_device")  # two outputs
+    _abandon_then_whole_epoch(ds)
+
+
+def test_generator_falls_back_where_tf_refuses(id_tree, monkeypatch):
+    from tensorflow.python.data.ops.from_generator_op import _GeneratorDataset
+
+    from dali_loader.tfdata import dataset as tfd
+
+    def refused(tf):
+        raise TypeError("a TF without it")
+
+    monkeypatch.setattr(tfd, "_single_device", {})
+    monkeypatch.setattr(tfd, "_make_single_device_class", refused)
+    ds = make(id_tree, "tf", "raise")
+    assert type(_generator_of(ds)) is _GeneratorDataset
+    _abandon_then_whole_epoch(ds)

@@ -276,6 +276,57 @@ def test_libpng_forces_tfs_decoder(trees):
     assert b"DaliLoaderDecodePng" not in _serialized(ds)
 
 
+def _photo_tree(root, fmts: tuple[str, ...]):
+    """Photos in two classes, cycling through `fmts` ("PNG", "JPEG")."""
+    rng = np.random.default_rng(11)
+    for i in range(12):
+        fmt = fmts[i % len(fmts)]
+        ext = {"PNG": "png", "JPEG": "jpg"}[fmt]
+        save(root / f"c{i % 2}" / f"{i:02d}.{ext}", _photo(rng, 30 + i, 41 - i), fmt)
+    return root
+
+
+def _same_as_keras(root, **kw):
+    """Ours (the CPU default) against Keras over `root`, in file order: bit for bit."""
+    ds = ours(str(root), image_size=SIZE, batch_size=5, shuffle=False, verbose=False, **kw)
+    ref = keras.utils.image_dataset_from_directory(str(root), image_size=SIZE, batch_size=5,
+                                                   shuffle=False, verbose=False)
+    got = [(x.numpy(), y.numpy()) for x, y in ds]
+    want = [(x.numpy(), y.numpy()) for x, y in ref]
+    assert len(got) == len(want) == 3
+    for (gx, gy), (wx, wy) in zip(got, want):
+        np.testing.assert_array_equal(gy, wy)
+        np.testing.assert_array_equal(gx, wx)
+    return ds
+
+
+@pytest.mark.parametrize("png_decoder", [None, "wuffs"])
+def test_jpeg_folder_graph_has_no_op(tmp_path, png_decoder):
+    """No file named as a PNG: Keras's decode alone, no op nor its `tf.cond` per file
+    (issue 29); the PNG decoder stays resolved, and the pixels are Keras's."""
+    ds = _same_as_keras(_photo_tree(tmp_path, ("JPEG",)), png_decoder=png_decoder)
+    assert ds._dali_loader.png_decoder is PngDecoder.WUFFS
+    graphs = _serialized(ds)
+    assert b"DaliLoaderDecodePng" not in graphs
+    assert b"DecodeImage" in graphs  # the decode is there, TF's
+
+
+def test_mixed_folder_decodes_pngs_by_the_op_and_jpegs_by_tf(tmp_path):
+    ds = _same_as_keras(_photo_tree(tmp_path, ("PNG", "JPEG")))
+    graphs = _serialized(ds)
+    assert b"DaliLoaderDecodePng" in graphs and b"DecodeImage" in graphs
+
+
+def test_png_named_otherwise_still_decodes_like_keras(tmp_path):
+    """A PNG under a .jpg name in a folder with no .png: TF's decoder, Keras's pixels."""
+    root = _photo_tree(tmp_path, ("JPEG",))
+    png = tmp_path / "c0" / "00.jpg"
+    save(png, _photo(np.random.default_rng(3), 33, 27), "PNG")
+    assert png.read_bytes()[:8] == png_corpus.SIGNATURE
+    ds = _same_as_keras(root)
+    assert b"DaliLoaderDecodePng" not in _serialized(ds)
+
+
 def test_routes():
     """Where PNGs are decoded on this machine, by its probes (tests/test_plan.py injects
     the others: a GPU, a folder with JPEGs, nothing built)."""
