@@ -237,3 +237,19 @@ def test_gpu_ready_forms():
     has_row(out, r"^\| PNG \(source\) \| TF decode_png \(decode-only bound\) \| 1\.000 \|")
     has_row(out, r"^\| TIFF deflate\+pred2 L6 64K \| DALI CPU \| NUM \| NUM \| NUM \(NUM\) \| 0 \|")
     has_row(out, r"TIFF L6 64K \(DALI CPU\) / PNG \(TF decode_png\) +NUMx")
+
+
+def test_ab_jpeg29(tmp_path):
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for c in range(2):
+        (tmp_path / f"c{c}").mkdir()
+        for i in range(4):
+            Image.fromarray(rng.integers(0, 255, (30, 40, 3), np.uint8)).save(
+                tmp_path / f"c{c}" / f"{i}.jpg", quality=90)
+    out = run("ab_jpeg29.py", str(tmp_path), "1")
+    for name in ("keras", "before", "after"):
+        has_row(out, rf"^\| {name} \| NUM \| NUM \| NUMx \| NUM \| NUM \| NUM \|$")
+    has_row(out, r"^\| keras \| .* \| 1\.00x \|")
