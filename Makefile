@@ -48,7 +48,7 @@ $(NATIVE_BUILD)/dl_dali_png.so: $(NATIVE_BUILD)/libdlpng.so $(NATIVE)/dali_png_o
 	touch $@
 
 test: install fuse-lib
-	$(VPY) -m pytest -q -ra
+	$(VPY) -m pytest -q -ra --durations=25
 
 # libfuse2 for tests/test_fuse.py's FUSE mount (fusepy needs it): installed when root and
 # missing (CI runs as root in a fresh clone); otherwise those tests skip, saying so.
