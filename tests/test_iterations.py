@@ -253,7 +253,7 @@ def _abandon_then_whole_epoch(ds) -> None:
         next(it)
         del it
         gc.collect()
-    wait_for(lambda: len(ds._dali_audits) == 0)  # finalize ran for each
+    wait_for(lambda: ds.loader.open_iterations == 0)  # finalize ran for each
     assert sorted(i for x in ds for i in ids(x)) == list(range(23))
 
 

@@ -305,7 +305,7 @@ def test_jpeg_folder_graph_has_no_op(tmp_path, png_decoder):
     """No file named as a PNG: Keras's decode alone, no op nor its `tf.cond` per file
     (issue 29); the PNG decoder stays resolved, and the pixels are Keras's."""
     ds = _same_as_keras(_photo_tree(tmp_path, ("JPEG",)), png_decoder=png_decoder)
-    assert ds._dali_loader.png_decoder is PngDecoder.WUFFS
+    assert ds.loader.engine.png_decoder is PngDecoder.WUFFS
     graphs = _serialized(ds)
     assert b"DaliLoaderDecodePng" not in graphs
     assert b"DecodeImage" in graphs  # the decode is there, TF's
