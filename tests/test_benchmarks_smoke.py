@@ -6,6 +6,7 @@ images, for seconds: no timing is checked, only that the report has its rows and
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import json
 import os
 import re
@@ -21,9 +22,7 @@ BENCH = REPO / "benchmarks"
 NUMBER = r"[0-9][0-9,]*\.?[0-9]*"
 
 
-def run(script: str, *args: str, timeout: float = 300) -> str:
-    """Runs `benchmarks/script ARGS` in a fresh process; its stdout and stderr together.
-    Fails with their tail when it exits non-zero."""
+def _run(script: str, *args: str, timeout: float = 300) -> str:
     env = {**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "3"}
     env.pop("GLIBC_TUNABLES", None)
     proc = subprocess.run([sys.executable, str(BENCH / script), *args], cwd=REPO, env=env,
@@ -31,6 +30,66 @@ def run(script: str, *args: str, timeout: float = 300) -> str:
                           timeout=timeout)
     assert proc.returncode == 0, f"{script} exited {proc.returncode}:\n{proc.stdout[-4000:]}"
     return proc.stdout
+
+
+# Runs with fixed arguments (no tmp folder, no TCP ports) by test name. They start one at a
+# time in the background when this module starts, so each overlaps the foreground tests
+# before it: a script's start-up (TF's import) uses one core of two, and the suite must
+# stay under CI's 20 minutes. Only the selected tests' runs start.
+BACKGROUND = {
+    "test_bench_scale": ("bench_scale.py", "--sizes", "40", "--turns-n", "40", "--rounds",
+                         "1", "--objects", "40", "--latencies", "0"),
+    "test_bench_gcs_loader": ("bench_gcs_loader.py", "--num-images", "8", "--latency",
+                              "0.001", "--rounds", "1", "--cold-runs", "1", "--listing", "30",
+                              "--skip-seed", "--decode-threads", "1"),
+    "test_bench_malloc": ("bench_malloc.py", "--num-images", "8", "--epochs", "7",
+                          "--size", "16"),
+    "test_bench_tf_png_op": ("bench_tf_png_op.py", "--num-images", "8", "--rounds", "1",
+                             "--malloc", "default", "--stage-images", "4",
+                             "--tiny-images", "64"),
+    "test_bench_dali_png": ("bench_dali_png.py", "--num-images", "8", "--rounds", "1",
+                            "--malloc", "tuned", "--no-stage"),
+    "test_bench_png_fill": ("bench_png_fill.py", "--num-images", "8", "--rounds", "1",
+                            "--variants", "libpng,native"),
+    "test_gpu_ready_forms": ("gpu_ready_forms.py", "--num-images", "2", "--rounds", "1",
+                             "--min-seconds", "0.01", "--pngsuite", ""),
+    "test_bench_plugin": ("bench_plugin.py", "--num-images", "8", "--epochs", "2",
+                          "--batch-size", "4"),
+    "test_epoch_startup": ("epoch_startup.py", "--num-images", "8", "--epochs", "2"),
+    "test_bench_vs_keras": ("bench_vs_keras.py", "--format", "png", "--sizes", "8",
+                            "--epochs", "1"),
+    "test_bench_png_core": ("bench_png_core.py", "--images", "4", "--rounds", "1"),
+    "test_bench_gcs": ("bench_gcs.py", "--objects", "6", "--size", "2000", "--latency",
+                       "0.001", "--threads", "4", "--listing", "40", "--repeat", "1",
+                       "--skip-seed"),
+}
+_started: dict[str, cf.Future] = {}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _background_runs(request):
+    selected = {item.originalname or item.name for item in request.session.items
+                if item.module is request.module}
+    with cf.ThreadPoolExecutor(1, thread_name_prefix="smoke") as pool:
+        for name, (script, *args) in BACKGROUND.items():
+            if name in selected:
+                _started[name] = pool.submit(_run, script, *args, timeout=600)
+        yield
+        for f in _started.values():
+            f.cancel()
+    _started.clear()
+
+
+def run(script: str, *args: str, timeout: float = 300) -> str:
+    """Runs `benchmarks/script ARGS` in a fresh process; its stdout and stderr together.
+    Fails with their tail when it exits non-zero."""
+    return _run(script, *args, timeout=timeout)
+
+
+def background(test: str) -> str:
+    """The output of `BACKGROUND[test]`'s run (started at the module's start)."""
+    future = _started.get(test)
+    return future.result() if future is not None else _run(*BACKGROUND[test], timeout=600)
 
 
 def has_row(out: str, pattern: str) -> None:
@@ -119,95 +178,6 @@ def test_demo(tmp_path):
             "training.json"} <= set(os.listdir(tmp_path))
 
 
-def test_bench_dali_png():
-    out = run("bench_dali_png.py", "--num-images", "8", "--rounds", "1", "--malloc", "tuned",
-              "--no-stage")
-    has_row(out, r"^## malloc tuned: images/s")
-    for k in ("libpng", "native", "wuffs"):
-        has_row(out, rf"decoder='dali', {k} +NUM \(NUM-NUM\) img/s +NUM ms")
-    has_row(out, r"native / DALI's libpng, best/best NUMx, per round NUM-NUMx")
-    has_row(out, r"PNGs by the operator per epoch: \[8\]")
-
-
-def test_bench_tf_png_op():
-    out = run("bench_tf_png_op.py", "--num-images", "8", "--rounds", "1", "--malloc", "default",
-              "--stage-images", "4", "--tiny-images", "64")
-    has_row(out, r"^## malloc default: best \(range\) of 1 alternating rounds")
-    for k in ("libpng", "op", "op\\+cond"):
-        has_row(out, rf"decode alone in tf\.data, 2 thread\(s\), {k} +NUM img/s")
-    for k in ("seed", "cpu-libpng", "cpu-native", "cpu-native-tiny"):
-        has_row(out, rf"^  {k} +NUM img/s .* best / seed best NUMx")
-    has_row(out, r"cpu-native / cpu-libpng \(best\) NUMx")
-
-
-def test_bench_png_core():
-    out = run("bench_png_core.py", "--images", "4", "--rounds", "1")
-    for k in ("tf", "native", "native-into"):
-        has_row(out, rf"^  {k} +NUM ms +NUM faults +NUMx +NUM img/s")
-    has_row(out, r"^  tf +NUM ms +NUM faults +1\.00x")
-
-
-def test_bench_png_fill():
-    out = run("bench_png_fill.py", "--num-images", "8", "--rounds", "1",
-              "--variants", "libpng,native")
-    has_row(out, r"^best of 1 rounds")
-    has_row(out, r"^  libpng +NUM img/s +1\.00x +NUM ms +1\.00x")
-    has_row(out, r"^  native +NUM img/s +NUMx +NUM ms +NUMx +NUM flt")
-
-
-def test_bench_plugin():
-    out = run("bench_plugin.py", "--num-images", "8", "--epochs", "2", "--batch-size", "4")
-    for handoff in ("generator", "plugin"):
-        has_row(out, rf"^handoff='{handoff}' device=cpu batch=4")
-    has_row(out, r"^    1 +NUM +NUM +NUM$")
-    has_row(out, r"^later_ips \(img/s\) +NUM +NUM +NUM$")
-
-
-def test_epoch_startup():
-    out = run("epoch_startup.py", "--num-images", "8", "--epochs", "2")
-    for decoder in ("tf", "dali"):
-        has_row(out, rf"^decoder='{decoder}': listing \+ index \+ dataset NUM s")
-    assert len(re.findall(r"(?m)^    1 +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9]+ +[0-9]+$", out)) == 2
-
-
-def test_bench_gcs():
-    out = run("bench_gcs.py", "--objects", "6", "--size", "2000", "--latency", "0.001",
-              "--threads", "4", "--listing", "40", "--repeat", "1", "--skip-seed")
-    has_row(out, r"\(a\) seed .* skipped")
-    for label in (r"\(b\) RemoteSource\.fetch x4 threads, cold cache",
-                  r"\(c\) RemoteSource\.fetch x4 threads, warm cache",
-                  r"\(d\) local folder read x4 threads"):
-        has_row(out, rf"{label} +NUM +n/a +NUM")
-    has_row(out, r"warm cache / local folder: NUM")
-    has_row(out, r"list_objects\(\) of 40 objects: RSS NUM MiB before")
-
-
-def test_bench_gcs_loader():
-    out = run("bench_gcs_loader.py", "--num-images", "8", "--latency", "0.001", "--rounds", "1",
-              "--cold-runs", "1", "--listing", "30", "--skip-seed", "--decode-threads", "1")
-    has_row(out, r"loader, first epoch, cold cache, gs:// +NUM")
-    has_row(out, r"decode-only: DALI decoders\.image, 1 threads, .* +NUM")
-    has_row(out, r"first epoch / min\(decode-only, in-flight bound\) = / NUM +NUM +>=0\.8")
-    has_row(out, r"warm epoch / local folder \(median of per-round ratios\) +NUM")
-    has_row(out, r"list \+ index of 30 objects \(30 indexed\): RSS")
-
-
-def test_bench_malloc():
-    out = run("bench_malloc.py", "--num-images", "8", "--epochs", "7", "--size", "16")
-    for name in ("keras", "ours, before", "ours"):
-        has_row(out, rf"^{name} +NUM +NUM +NUM +-?NUM$")
-
-
-def test_bench_scale():
-    out = run("bench_scale.py", "--sizes", "40", "--turns-n", "40", "--rounds", "1",
-              "--objects", "40", "--latencies", "0", timeout=600)
-    for kind in ("keras", "ours", "ours_ready"):
-        has_row(out, rf"^ +40 {kind} +NUM +NUM +NUM +NUM +NUM +NUM")
-        has_row(out, rf"malloc tuned +{kind} +CPU ms/img NUM; best NUM \(NUMx Keras's best\)")
-    has_row(out, r"^ +40 ratios: construction ours/keras NUM; CPU per image ours/keras NUM")
-    has_row(out, r"^ +0ms +NUM +NUM +NUM +NUM +NUM +NUM +NUM$")
-
-
 def test_bench_scaling():
     out = run("bench_scaling.py", "--num-images", "8", timeout=600)
     for name in (r"1 replica", r"2 replicas \(Mirrored\)", r"1 worker \(MWMS\)",
@@ -226,19 +196,6 @@ def test_bench_service():
     has_row(out, r"^Scaling model \(workers on machines of their own\)")
 
 
-def test_bench_vs_keras():
-    out = run("bench_vs_keras.py", "--format", "png", "--sizes", "8", "--epochs", "1")
-    has_row(out, r"^\| 8 \| default \| NUM \| NUM \| NUM")
-
-
-def test_gpu_ready_forms():
-    out = run("gpu_ready_forms.py", "--num-images", "2", "--rounds", "1", "--min-seconds",
-              "0.01", "--pngsuite", "")
-    has_row(out, r"^\| PNG \(source\) \| TF decode_png \(decode-only bound\) \| 1\.000 \|")
-    has_row(out, r"^\| TIFF deflate\+pred2 L6 64K \| DALI CPU \| NUM \| NUM \| NUM \(NUM\) \| 0 \|")
-    has_row(out, r"TIFF L6 64K \(DALI CPU\) / PNG \(TF decode_png\) +NUMx")
-
-
 def test_ab_jpeg29(tmp_path):
     import numpy as np
     from PIL import Image
@@ -253,3 +210,98 @@ def test_ab_jpeg29(tmp_path):
     for name in ("keras", "before", "after"):
         has_row(out, rf"^\| {name} \| NUM \| NUM \| NUMx \| NUM \| NUM \| NUM \|$")
     has_row(out, r"^\| keras \| .* \| 1\.00x \|")
+
+
+def test_bench_dali_png():
+    out = background("test_bench_dali_png")
+    has_row(out, r"^## malloc tuned: images/s")
+    for k in ("libpng", "native", "wuffs"):
+        has_row(out, rf"decoder='dali', {k} +NUM \(NUM-NUM\) img/s +NUM ms")
+    has_row(out, r"native / DALI's libpng, best/best NUMx, per round NUM-NUMx")
+    has_row(out, r"PNGs by the operator per epoch: \[8\]")
+
+
+def test_bench_tf_png_op():
+    out = background("test_bench_tf_png_op")
+    has_row(out, r"^## malloc default: best \(range\) of 1 alternating rounds")
+    for k in ("libpng", "op", "op\\+cond"):
+        has_row(out, rf"decode alone in tf\.data, 2 thread\(s\), {k} +NUM img/s")
+    for k in ("seed", "cpu-libpng", "cpu-native", "cpu-native-tiny"):
+        has_row(out, rf"^  {k} +NUM img/s .* best / seed best NUMx")
+    has_row(out, r"cpu-native / cpu-libpng \(best\) NUMx")
+
+
+def test_bench_png_core():
+    out = background("test_bench_png_core")
+    for k in ("tf", "native", "native-into"):
+        has_row(out, rf"^  {k} +NUM ms +NUM faults +NUMx +NUM img/s")
+    has_row(out, r"^  tf +NUM ms +NUM faults +1\.00x")
+
+
+def test_bench_png_fill():
+    out = background("test_bench_png_fill")
+    has_row(out, r"^best of 1 rounds")
+    has_row(out, r"^  libpng +NUM img/s +1\.00x +NUM ms +1\.00x")
+    has_row(out, r"^  native +NUM img/s +NUMx +NUM ms +NUMx +NUM flt")
+
+
+def test_bench_plugin():
+    out = background("test_bench_plugin")
+    for handoff in ("generator", "plugin"):
+        has_row(out, rf"^handoff='{handoff}' device=cpu batch=4")
+    has_row(out, r"^    1 +NUM +NUM +NUM$")
+    has_row(out, r"^later_ips \(img/s\) +NUM +NUM +NUM$")
+
+
+def test_epoch_startup():
+    out = background("test_epoch_startup")
+    for decoder in ("tf", "dali"):
+        has_row(out, rf"^decoder='{decoder}': listing \+ index \+ dataset NUM s")
+    assert len(re.findall(r"(?m)^    1 +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9]+ +[0-9]+$", out)) == 2
+
+
+def test_bench_gcs():
+    out = background("test_bench_gcs")
+    has_row(out, r"\(a\) seed .* skipped")
+    for label in (r"\(b\) RemoteSource\.fetch x4 threads, cold cache",
+                  r"\(c\) RemoteSource\.fetch x4 threads, warm cache",
+                  r"\(d\) local folder read x4 threads"):
+        has_row(out, rf"{label} +NUM +n/a +NUM")
+    has_row(out, r"warm cache / local folder: NUM")
+    has_row(out, r"list_objects\(\) of 40 objects: RSS NUM MiB before")
+
+
+def test_bench_gcs_loader():
+    out = background("test_bench_gcs_loader")
+    has_row(out, r"loader, first epoch, cold cache, gs:// +NUM")
+    has_row(out, r"decode-only: DALI decoders\.image, 1 threads, .* +NUM")
+    has_row(out, r"first epoch / min\(decode-only, in-flight bound\) = / NUM +NUM +>=0\.8")
+    has_row(out, r"warm epoch / local folder \(median of per-round ratios\) +NUM")
+    has_row(out, r"list \+ index of 30 objects \(30 indexed\): RSS")
+
+
+def test_bench_malloc():
+    out = background("test_bench_malloc")
+    for name in ("keras", "ours, before", "ours"):
+        has_row(out, rf"^{name} +NUM +NUM +NUM +-?NUM$")
+
+
+def test_bench_scale():
+    out = background("test_bench_scale")
+    for kind in ("keras", "ours", "ours_ready"):
+        has_row(out, rf"^ +40 {kind} +NUM +NUM +NUM +NUM +NUM +NUM")
+        has_row(out, rf"malloc tuned +{kind} +CPU ms/img NUM; best NUM \(NUMx Keras's best\)")
+    has_row(out, r"^ +40 ratios: construction ours/keras NUM; CPU per image ours/keras NUM")
+    has_row(out, r"^ +0ms +NUM +NUM +NUM +NUM +NUM +NUM +NUM$")
+
+
+def test_bench_vs_keras():
+    out = background("test_bench_vs_keras")
+    has_row(out, r"^\| 8 \| default \| NUM \| NUM \| NUM")
+
+
+def test_gpu_ready_forms():
+    out = background("test_gpu_ready_forms")
+    has_row(out, r"^\| PNG \(source\) \| TF decode_png \(decode-only bound\) \| 1\.000 \|")
+    has_row(out, r"^\| TIFF deflate\+pred2 L6 64K \| DALI CPU \| NUM \| NUM \| NUM \(NUM\) \| 0 \|")
+    has_row(out, r"TIFF L6 64K \(DALI CPU\) / PNG \(TF decode_png\) +NUMx")
