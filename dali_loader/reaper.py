@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
 import queue
 import threading
 import weakref
@@ -101,6 +102,15 @@ def _loop() -> None:
         fn, args = _queue.get()
         _run(fn, args)
         del fn, args  # let go of the object's resources before waiting again
+
+
+def _after_fork_in_child() -> None:
+    """A forked child has no reaper thread: the next `Finalizer` starts its own."""
+    global _queue, _thread, _start_lock
+    _queue, _thread, _start_lock = queue.SimpleQueue(), None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _drain() -> None:

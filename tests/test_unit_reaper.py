@@ -90,3 +90,26 @@ def test_a_collected_cycle_queues_its_cleanup_and_a_failing_one_does_not_stop_th
     wait_for(lambda: len(ran) == 2)
     assert sorted(ran) == [("first", "dali-loader-reaper"), ("second", "dali-loader-reaper")]
     wait_for(lambda: "boom" in caplog.text)
+
+
+def test_a_forked_child_runs_its_own_cleanups():
+    """A child made by `os.fork` has no reaper thread of its parent's: its first
+    `Finalizer` starts one, and a collected cycle's cleanup runs there."""
+    import os
+    import time
+
+    pid = os.fork()
+    if pid == 0:  # the child: exit status 0 only when the cleanup ran on a reaper thread
+        ran: list[str] = []
+        owner = _Owner()
+        owner.me = owner
+        owner.finalizer = reaper.Finalizer(owner, lambda: ran.append(
+            threading.current_thread().name))
+        del owner
+        gc.collect()
+        deadline = time.monotonic() + 10
+        while not ran and time.monotonic() < deadline:
+            time.sleep(0.01)
+        os._exit(0 if ran == ["dali-loader-reaper"] else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
