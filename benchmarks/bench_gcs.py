@@ -132,8 +132,10 @@ def main(argv: list[str] | None = None) -> int:
             ratio = f"{rate / seed_rate:8.1f}x" if seed_rate else "      n/a"
             log.info("%-58s %10.1f %9s %8.2f", label, rate, ratio, rate / bound)
         log.info("warm cache / local folder: %.2f", (n / warm_s) / (n / local_s))
-        log.info("cold pass CPU per object: client %.2f ms, fake server %.2f ms (%d cores: CPU bound %.0f objects/s)",
-                 cpu[0] * 1e3, cpu[1] * 1e3, os.cpu_count(), os.cpu_count() / sum(cpu))
+        # A few objects can take less CPU than the clock's tick: no bound then.
+        bound_cpu = f"{os.cpu_count() / sum(cpu):.0f}" if sum(cpu) > 0 else "n/a"
+        log.info("cold pass CPU per object: client %.2f ms, fake server %.2f ms (%d cores: CPU bound %s objects/s)",
+                 cpu[0] * 1e3, cpu[1] * 1e3, os.cpu_count(), bound_cpu)
         if args.listing:
             res = listing_rss(args.listing, tmp)
             held = (res["after_kib"] - res["base_kib"]) * 1024
