@@ -18,8 +18,8 @@ the GPU path's graph), and ``decode-bound``, TF's ``decode_image`` alone over th
 held in memory, on all cores, no resize: what any loader that decodes them on the CPU can reach.
 
 Every row names its PNG decoder (``png_decoder``): libpng for the seed and tuned pipelines
-(``tf.io.decode_png``); for the loader rows the one ``png_decoder`` resolves to (libpng by
-default; a cached row's is the one that fills its cache: Wuffs where installed). Given several decoders
+(``tf.io.decode_png``); for the loader rows the one the plan chose (by default the native
+core where it is built, else libpng; a cached row's is the one that fills its cache). Given several decoders
 (``png_decoder=["wuffs", "libpng"]``), each loader row runs once per decoder, named
 ``loader-cpu-wuffs``, ``loader-cpu-libpng`` (and their ``-cached`` twins).
 """
@@ -236,7 +236,7 @@ def png_decoder_list(png_decoder: str | Sequence[str] | None) -> list[str | None
     names = [png_decoder] if isinstance(png_decoder, str) else list(png_decoder)
     bad = [n for n in names if n not in PNG_DECODER_CHOICES]
     if bad or not names:
-        raise ValueError('png_decoder must be None (libpng), "wuffs", "libpng" '
+        raise ValueError('png_decoder must be None (the plan\'s default), "wuffs", "libpng" '
                          f"or a list of them. Received: png_decoder={png_decoder!r}")
     return list(dict.fromkeys(names))
 

@@ -44,7 +44,8 @@ def add_parsers(subparsers) -> argparse.ArgumentParser:
                         "a local folder, unless it holds files already")
     p.add_argument("--png-decoder", nargs="+", choices=("wuffs", "libpng"), default=None,
                    metavar="{wuffs,libpng}",
-                   help="the loader rows' PNG decoder (default: libpng, the loader's default); "
+                   help="the loader rows' PNG decoder (default: the loader's own, the native core "
+                        "where built, else libpng); "
                         "give both to run each loader row once per decoder "
                         "(loader-cpu-wuffs, loader-cpu-libpng)")
     return p
