@@ -32,15 +32,15 @@ def before(ours, root: str):
     """This loader with the branch's three changes undone while it is built."""
     import dali_loader.tfdata.dataset as tfd
 
-    saved = (tfd._has_png, dict(tfd._single_device), tfd.CALLS_PER_CORE)
-    tfd._has_png = lambda index: True
+    saved = (tfd.has_pngs, dict(tfd._single_device), tfd.CALLS_PER_CORE)
+    tfd.has_pngs = lambda paths: True
     tfd._single_device.clear()
     tfd._single_device["cls"] = None
     tfd.CALLS_PER_CORE = 1
     try:
         return ours(root, **KW)
     finally:
-        tfd._has_png = saved[0]
+        tfd.has_pngs = saved[0]
         tfd._single_device.clear()
         tfd._single_device.update(saved[1])
         tfd.CALLS_PER_CORE = saved[2]

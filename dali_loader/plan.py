@@ -261,6 +261,14 @@ def has_jpegs(paths) -> bool:
     return any(p.lower().endswith((".jpg", ".jpeg")) for p in paths)
 
 
+def has_pngs(paths) -> bool:
+    """Whether any path is named as a PNG: what the native op in the TF path's graph is
+    for. A folder with none gets a graph without it (issue 29): every file would pass
+    the op and its `tf.cond` only to reach TF's decoder. A PNG named otherwise is still
+    decoded, by TF's decoder, to the same pixels."""
+    return any(p.lower().endswith(".png") for p in paths)
+
+
 # -- what resolve returns -------------------------------------------------------------
 
 

@@ -70,6 +70,7 @@ from dali_loader.plan import (
     Plan,
     PngDecoder,
     PngWhere,
+    has_pngs,
     resolve,
 )
 from dali_loader.storage.source import Source
@@ -172,14 +173,6 @@ def make_loader(source: Source, index: Index, spec: ImageSpec, plan: Plan | None
         loader.png_decoder = plan.png_epoch  # WUFFS: the graph decodes PNGs with the native op
     loader.plan = plan
     return loader
-
-
-def _has_png(index: Index) -> bool:
-    """Whether any file is named as a PNG: what the native op in the TF path's graph
-    is for. A folder with none gets a graph without it (issue 29): every file
-    would pass the op and its `tf.cond` only to reach TF's decoder. A PNG named
-    otherwise is still decoded, by TF's decoder, to the same pixels."""
-    return any(p.lower().endswith(".png") for p in index.paths)
 
 
 def ready_cache(source: Source, form: ReadyForm, channels: int,
@@ -635,7 +628,8 @@ def _tf_kernel_dataset(tf, feed: Feed, spec: ImageSpec, batch_size: int | None,
     # PNGs by the native core's op where png_decoder resolved to it (others, and
     # the files it leaves, by TF's decoder in the same graph: tf_png), and where
     # a file is named as a PNG: a folder of JPEGs gets Keras's decode alone.
-    native = getattr(feed, "png_decoder", None) is PngDecoder.WUFFS and _has_png(feed.index)
+    native = (getattr(feed, "png_decoder", None) is PngDecoder.WUFFS
+              and has_pngs(feed.index.paths))
     if epochs.reads is _Reads.PINNED_OR_BYTES:
         def decode(data, offset, key):
             return decode_like_keras(read_item(tf, data, offset), spec, tf, native), key
