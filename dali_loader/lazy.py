@@ -60,6 +60,13 @@ def import_numba_cuda():
         raise ImportError(
             "The batched PNG decoder's kernels need numba-cuda: pip install numba-cuda"
         ) from e
+    import numpy as np
+
+    # numba-cuda registers an overload for np.row_stack when it compiles its first kernel;
+    # numpy 2.5 removed that name (seen on the H200 machine: AttributeError; docs/png_gpu.md).
+    # The alias is numpy's own former definition.
+    if not hasattr(np, "row_stack"):
+        np.row_stack = np.vstack
     return cuda
 
 

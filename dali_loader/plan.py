@@ -102,7 +102,7 @@ class PngDecoder(str, enum.Enum):
     # else pywuffs) on the DALI path and for GPU-ready fills
     WUFFS = "wuffs"
     LIBPNG = "libpng"  # TF's decode_png on the TF path, nvImageCodec inside DALI
-    GPU = "gpu"  # the batched GPU decoder (png_batches; experimental, off by default)
+    GPU = "gpu"  # the batched GPU decoder (png_batches; opt-in: docs/png_gpu.md)
 
 
 class PngWhere(str, enum.Enum):

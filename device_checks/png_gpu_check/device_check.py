@@ -55,6 +55,11 @@ SPAWN = multiprocessing.get_context("spawn")
 
 import numpy as np  # noqa: E402
 
+# numba-cuda 0.x registers an overload for np.row_stack, which numpy 2.5 removed (seen on the
+# device: AttributeError at the first kernel's compile). The alias is numpy's own definition.
+if not hasattr(np, "row_stack"):
+    np.row_stack = np.vstack
+
 
 def log(*a) -> None:
     print(*a, flush=True)

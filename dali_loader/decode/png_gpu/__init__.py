@@ -2,7 +2,7 @@
 Deflate call, numba-cuda kernels for the Adler-32 check, the unfilter and the channel
 expansion; anything not covered goes to the CPU decoder, counted.
 
-Off by default (`PNG_GPU_VERIFIED`); `decode_pngs` is the API, `cpu_fallback.finish`
+Opt-in (`png_decoder="gpu"`; bit-exact on a GPU: `PNG_GPU_VERIFIED`); `decode_pngs` is the API, `cpu_fallback.finish`
 completes a batch's fallbacks. Heavy imports (numba, CuPy, nvCOMP, TF) are lazy.
 """
 
@@ -11,10 +11,9 @@ from dali_loader.decode.png_gpu.decoder import (
     Launch,
     PngDecodeStats,
     decode_pngs,
-    resolve_png_gpu,
 )
 from dali_loader.decode.png_gpu.inflate import InflateBackend, NvcompInflate, ZlibInflate
 from dali_loader.decode.png_gpu.parse import Fallback, PngLayout, parse_png
 
-__all__ = ["PNG_GPU_VERIFIED", "Launch", "PngDecodeStats", "decode_pngs", "resolve_png_gpu",
+__all__ = ["PNG_GPU_VERIFIED", "Launch", "PngDecodeStats", "decode_pngs",
            "InflateBackend", "NvcompInflate", "ZlibInflate", "Fallback", "PngLayout", "parse_png"]
