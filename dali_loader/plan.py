@@ -562,6 +562,8 @@ def _device(d: _Draft) -> Because:
         return Because(Device.CPU, "service=: the workers decode on their CPUs")
     if asked == "cpu":
         return Because(Device.CPU, 'device="cpu"')
+    if asked is None and d.o.decoder == "tf":
+        return Because(Device.CPU, 'decoder="tf": TF\'s kernels, on the CPU')
     if d.o.output is Output.TF_DATA and env.tf_gpus == 0:
         if asked == "gpu":
             raise ValueError(
@@ -585,8 +587,9 @@ def _device(d: _Draft) -> Because:
 def _tf_decoder_on_gpu(d: _Draft) -> None:
     if d.o.decoder == "tf" and d.device is Device.GPU:
         raise ValueError(
-            'decoder="tf" decodes on the CPU; it cannot be combined with '
-            f'device="gpu". Received: decoder={d.o.decoder}, device={d.device.value}')
+            'decoder="tf" decodes on the CPU; it cannot be combined with device="gpu" '
+            "(device=None or \"cpu\" runs it). "
+            f"Received: decoder={d.o.decoder!r}, device={d.o.device!r}")
 
 
 def _engine(d: _Draft) -> Because:
