@@ -30,17 +30,18 @@ KW = dict(image_size=(244, 244), batch_size=128, seed=1, verbose=False)
 
 def before(ours, root: str):
     """This loader with the branch's three changes undone while it is built."""
+    import dali_loader.plan as plan
     import dali_loader.tfdata.dataset as tfd
 
-    saved = (tfd.has_pngs, dict(tfd._single_device), tfd.CALLS_PER_CORE)
-    tfd.has_pngs = lambda paths: True
+    saved = (plan.has_pngs, dict(tfd._single_device), tfd.CALLS_PER_CORE)
+    plan.has_pngs = lambda paths: True
     tfd._single_device.clear()
     tfd._single_device["cls"] = None
     tfd.CALLS_PER_CORE = 1
     try:
         return ours(root, **KW)
     finally:
-        tfd.has_pngs = saved[0]
+        plan.has_pngs = saved[0]
         tfd._single_device.clear()
         tfd._single_device.update(saved[1])
         tfd.CALLS_PER_CORE = saved[2]

@@ -9,7 +9,7 @@ from dali_loader.args import positive_int
 from dali_loader.decode.dali_batches import DaliBatches
 from dali_loader.decode.spec import ImageSpec, channels_for
 from dali_loader.index import Index, build_index
-from dali_loader.plan import Options, Output, check, has_jpegs, resolve
+from dali_loader.plan import Options, Output, check, resolve
 from dali_loader.storage.source import Source, open_source
 from dali_loader.tfdata.dataset import make_loader
 
@@ -100,7 +100,7 @@ def open_loader(
     )
     spec = ImageSpec(int(image_size[0]), int(image_size[1]), channels, interpolation,
                      crop_to_aspect_ratio, pad_to_aspect_ratio)
-    plan = resolve(options, env.with_source(src.kind, lambda: has_jpegs(index.paths)))
+    plan = resolve(options, env.with_source(src.kind, index.paths))
     probes.say_notes(plan)
     try:
         return make_loader(src, index, spec, plan, batch_size=batch_size, shuffle=shuffle,
@@ -146,7 +146,7 @@ def open_dataset(
                             cache_max_bytes=cache_max_bytes, max_in_flight=max_in_flight)
     spec = ImageSpec(int(image_size[0]), int(image_size[1]))
     try:
-        plan = resolve(options, env.with_source(src.kind, lambda: has_jpegs(index.paths)))
+        plan = resolve(options, env.with_source(src.kind, index.paths))
         probes.say_notes(plan)
         probes.share_gpu(plan)
         loader = make_loader(src, index, spec, plan, batch_size=batch_size, shuffle=shuffle,

@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from dali_loader.args import positive_int
@@ -208,11 +208,12 @@ class Environment:
         dali_tf_plugin: DALI's TF plugin (`nvidia.dali.plugin.tf`) imports.
         source_kind: a `SourceKind` (after listing).
         has_jpegs: the index names a .jpg/.jpeg file (after listing).
+        has_pngs: the index names a .png file (after listing).
     """
 
     FACTS = ("tf_gpus", "dali_gpus", "tf_png_op", "dali_png_op", "wuffs", "dali_tf_plugin",
-             "source_kind", "has_jpegs")
-    SOURCE_FACTS = ("source_kind", "has_jpegs")
+             "source_kind", "has_jpegs", "has_pngs")
+    SOURCE_FACTS = ("source_kind", "has_jpegs", "has_pngs")
 
     tf_gpus: int
     dali_gpus: int
@@ -222,6 +223,7 @@ class Environment:
     dali_tf_plugin: bool
     source_kind: SourceKind
     has_jpegs: bool
+    has_pngs: bool
 
     def __init__(self, **facts: Any):
         unknown = set(facts) - set(self.FACTS)
@@ -242,9 +244,12 @@ class Environment:
             self._known[name] = value() if callable(value) else value
         return self._known[name]
 
-    def with_source(self, kind: SourceKind, has_jpegs: bool | Callable[[], bool]) -> Environment:
-        """This environment (its facts read so far kept) plus the source's facts."""
-        env = Environment(**{**self._given, "source_kind": kind, "has_jpegs": has_jpegs})
+    def with_source(self, kind: SourceKind, paths: Sequence[str]) -> Environment:
+        """This environment (its facts read so far kept) plus the source's facts: its
+        kind, and the formats its index's `paths` name (each read when a rule asks)."""
+        env = Environment(**{**self._given, "source_kind": kind,
+                             "has_jpegs": lambda: has_jpegs(paths),
+                             "has_pngs": lambda: has_pngs(paths)})
         env._known.update({k: v for k, v in self._known.items() if k not in self.SOURCE_FACTS})
         return env
 
@@ -262,10 +267,10 @@ def has_jpegs(paths) -> bool:
 
 
 def has_pngs(paths) -> bool:
-    """Whether any path is named as a PNG: what the native op in the TF path's graph is
-    for. A folder with none gets a graph without it (issue 29): every file would pass
-    the op and its `tf.cond` only to reach TF's decoder. A PNG named otherwise is still
-    decoded, by TF's decoder, to the same pixels."""
+    """Whether any path is named as a PNG: what a native PNG decoder in the graph is
+    for. A folder with none gets a graph without it (issue 29; `_png_epoch`): every
+    file would pass the op and its branch only to reach the other decoder. A PNG
+    named otherwise is still decoded, by TF's or DALI's decoder, to the same pixels."""
     return any(p.lower().endswith(".png") for p in paths)
 
 
@@ -737,6 +742,13 @@ def _png_epoch(d: _Draft) -> Because:
         return Because((None, PngWhere.NONE), "gpu_ready: a cached epoch decodes no PNG")
     if d.engine is Engine.SERVICE:
         return Because((PngDecoder.LIBPNG, PngWhere.TF), "service=: the workers run TF's graph")
+    if d.engine is Engine.TF_KERNELS or (d.engine is Engine.DALI and asked is None):
+        if not env.has_pngs:  # no branch per file for PNGs that are not there
+            return Because((PngDecoder.LIBPNG, PngWhere.TF if d.engine is Engine.TF_KERNELS
+                            else PngWhere.DALI),
+                           f"{named}, but no file is named .png: every file to "
+                           f"{'TF' if d.engine is Engine.TF_KERNELS else 'DALI'}'s decoder "
+                           "(a PNG named otherwise too)")
     if d.engine is Engine.TF_KERNELS:
         if asked is PngDecoder.LIBPNG:
             return Because((PngDecoder.LIBPNG, PngWhere.TF), named)

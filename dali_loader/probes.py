@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterable
+from collections.abc import Sequence
 
-from dali_loader.plan import Environment, Plan, has_jpegs
+from dali_loader.plan import Environment, Plan
 from dali_loader.storage.source import SourceKind
 
 logger = logging.getLogger(__name__)
@@ -82,13 +82,13 @@ MACHINE_FACTS = ("tf_gpus", "dali_gpus", "tf_png_op", "dali_png_op", "wuffs", "d
 
 
 def environment(source_kind: SourceKind | None = None,
-                paths: Iterable[str] | None = None) -> Environment:
+                paths: Sequence[str] | None = None) -> Environment:
     """This machine's environment, each fact probed on first read (by this module's
     probe of its name); with the source's facts when `source_kind` and `paths`
     (the index's) are given."""
     env = Environment(**{name: globals()[name] for name in MACHINE_FACTS})
     if source_kind is not None:
-        env = env.with_source(source_kind, lambda: has_jpegs(paths or ()))
+        env = env.with_source(source_kind, paths if paths is not None else ())
     return env
 
 

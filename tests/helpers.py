@@ -213,13 +213,14 @@ def collected(cond):
 def on_a_gpu(**facts):
     """An injected environment (`plan.Environment`) of a machine where TF and DALI see a
     GPU and every native decoder and DALI's TF plugin are built: a local folder without
-    JPEGs unless `facts` say otherwise. For plans of the GPU path on any machine."""
+    JPEGs, with PNGs, unless `facts` say otherwise. For plans of the GPU path on any machine."""
     from dali_loader.plan import Environment
     from dali_loader.storage.source import SourceKind
 
     return Environment(**{"tf_gpus": 1, "dali_gpus": 1, "tf_png_op": True, "dali_png_op": True,
                           "wuffs": True, "dali_tf_plugin": True,
-                          "source_kind": SourceKind.LOCAL_DISK, "has_jpegs": False, **facts})
+                          "source_kind": SourceKind.LOCAL_DISK, "has_jpegs": False, "has_pngs": True,
+                          **facts})
 
 
 def gpu_handoff(**options):

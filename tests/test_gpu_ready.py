@@ -275,7 +275,8 @@ def test_gpu_ready_values_and_default_off(photo_tree, tmp_path):
     from dali_loader.plan import Environment, Options, check, resolve
     from dali_loader.storage.source import SourceKind
 
-    env = Environment(tf_gpus=0, wuffs=True, dali_png_op=True, source_kind=SourceKind.LOCAL_DISK)
+    env = Environment(tf_gpus=0, wuffs=True, dali_png_op=True, source_kind=SourceKind.LOCAL_DISK,
+                      has_pngs=True)
 
     def form(value):
         return resolve(Options(gpu_ready=value, decoder="dali"), env).cache_form

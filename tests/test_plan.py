@@ -42,8 +42,9 @@ CPU = dict(tf_gpus=0, dali_gpus=0)
 GPU = dict(tf_gpus=1, dali_gpus=2)
 
 
-def env(machine=CPU, built=BUILT, kind=LOCAL, jpegs=False, **over) -> Environment:
-    return Environment(**{**machine, **built, "source_kind": kind, "has_jpegs": jpegs, **over})
+def env(machine=CPU, built=BUILT, kind=LOCAL, jpegs=False, pngs=True, **over) -> Environment:
+    return Environment(**{**machine, **built, "source_kind": kind, "has_jpegs": jpegs,
+                          "has_pngs": pngs, **over})
 
 
 def plan(env_=None, **options):
@@ -72,6 +73,13 @@ RUNS = [
     (dict(png_decoder="libpng"), env(), dict(png_epoch=PngDecoder.LIBPNG, png_where=PngWhere.TF)),
     (dict(png_decoder="wuffs"), env(), dict(png_epoch=PngDecoder.WUFFS, png_where=PngWhere.TF_OP)),
     (dict(decoder="tf"), env(), dict(engine=Engine.TF_KERNELS)),
+    # No file named .png: no PNG decoder's branch in the graph (issue 29), unless asked
+    # for the GPU decoder (its batches take every file).
+    ({}, env(jpegs=True, pngs=False), dict(png_epoch=PngDecoder.LIBPNG, png_where=PngWhere.TF)),
+    (dict(png_decoder="wuffs"), env(jpegs=True, pngs=False), dict(png_where=PngWhere.TF)),
+    (dict(decoder="dali"), env(jpegs=True, pngs=False), dict(png_where=PngWhere.DALI)),
+    (dict(decoder="dali", png_decoder="wuffs"), env(pngs=False), dict(png_where=PngWhere.FEED)),
+    (dict(device="gpu", png_decoder="gpu"), env(GPU, pngs=False), dict(png_where=PngWhere.GPU)),
     # decoder="tf" forces TF's kernels: on a GPU machine too, on its CPU (docs/options.md).
     (dict(decoder="tf"), env(GPU), dict(engine=Engine.TF_KERNELS, device=Device.CPU,
                                         handoff=None, png_where=PngWhere.TF_OP)),
@@ -177,19 +185,22 @@ def test_the_why_names_the_deciding_option():
 
 
 def test_the_cpu_default_probes_no_gpu_and_no_dali():
-    """device="cpu": no GPU is probed; the TF path reads only the TF op and the source kind."""
-    p = resolve(Options(device="cpu"), Environment(tf_png_op=True, source_kind=LOCAL))
+    """device="cpu": no GPU is probed; the TF path reads only the TF op and the source's
+    kind and PNGs."""
+    p = resolve(Options(device="cpu"), Environment(tf_png_op=True, source_kind=LOCAL,
+                                                   has_pngs=True))
     assert p.engine is Engine.TF_KERNELS and p.png_where is PngWhere.TF_OP
 
 
 def test_device_none_asks_tf_first_and_dali_only_when_tf_sees_a_gpu():
-    e = Environment(tf_gpus=0, tf_png_op=False, source_kind=LOCAL)  # no dali_gpus given
+    e = Environment(tf_gpus=0, tf_png_op=False, source_kind=LOCAL, has_pngs=True)  # no dali_gpus
     assert resolve(Options(), e).device is Device.CPU
-    assert e.read() == {"tf_gpus": 0, "tf_png_op": False, "source_kind": LOCAL}
+    assert e.read() == {"tf_gpus": 0, "tf_png_op": False, "source_kind": LOCAL, "has_pngs": True}
 
 
 def test_numpy_batches_never_ask_tensorflow():
-    e = Environment(dali_gpus=0, dali_png_op=True, source_kind=LOCAL, has_jpegs=False)
+    e = Environment(dali_gpus=0, dali_png_op=True, source_kind=LOCAL, has_jpegs=False,
+                    has_pngs=True)
     assert resolve(Options(output=Output.NUMPY), e).device is Device.CPU
 
 
@@ -222,11 +233,12 @@ def test_an_unknown_fact_or_a_missing_one_is_an_error():
 
 def test_a_fact_is_probed_once():
     calls = []
-    e = Environment(tf_gpus=lambda: calls.append(1) or 0, tf_png_op=True, source_kind=LOCAL)
+    e = Environment(tf_gpus=lambda: calls.append(1) or 0, tf_png_op=True, source_kind=LOCAL,
+                    has_pngs=True)
     resolve(Options(), e)
     resolve(Options(), e)
     assert calls == [1]
-    assert e.with_source(FUSE, False).tf_gpus == 0 and calls == [1]
+    assert e.with_source(FUSE, ()).tf_gpus == 0 and calls == [1]
 
 
 # -- every refusal --------------------------------------------------------------------

@@ -194,7 +194,8 @@ def test_verified_on_a_gpu_yet_opt_in_and_channels_checked():
 
     assert PNG_GPU_VERIFIED is True
     gpu = Environment(tf_gpus=1, dali_gpus=1, tf_png_op=True, dali_png_op=True, wuffs=True,
-                      dali_tf_plugin=True, source_kind=SourceKind.LOCAL_DISK, has_jpegs=False)
+                      dali_tf_plugin=True, source_kind=SourceKind.LOCAL_DISK, has_jpegs=False,
+                      has_pngs=True)
     assert resolve(Options(), gpu).png_where is not PngWhere.GPU
     assert resolve(Options(png_decoder="gpu"), gpu).png_where is PngWhere.GPU
     with pytest.raises(ValueError, match="Received: channels=2"):

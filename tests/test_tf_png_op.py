@@ -303,9 +303,10 @@ def _same_as_keras(root, **kw):
 @pytest.mark.parametrize("png_decoder", [None, "wuffs"])
 def test_jpeg_folder_graph_has_no_op(tmp_path, png_decoder):
     """No file named as a PNG: Keras's decode alone, no op nor its `tf.cond` per file
-    (issue 29); the PNG decoder stays resolved, and the pixels are Keras's."""
+    (issue 29): the plan says so, and the pixels are Keras's."""
     ds = _same_as_keras(_photo_tree(tmp_path, ("JPEG",)), png_decoder=png_decoder)
-    assert ds.loader.engine.png_decoder is PngDecoder.WUFFS
+    assert ds.loader.plan.png_where is PngWhere.TF and "no file is named .png" in dict(
+        (f, why) for f, _, why in ds.loader.plan.rows())["png_epoch"]
     graphs = _serialized(ds)
     assert b"DaliLoaderDecodePng" not in graphs
     assert b"DecodeImage" in graphs  # the decode is there, TF's

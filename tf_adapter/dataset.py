@@ -16,7 +16,7 @@ from dali_loader import probes
 from dali_loader.api import open_index
 from dali_loader.decode.spec import INTERPOLATIONS, ImageSpec, channels_for
 from dali_loader.index import ALLOWLIST_FORMATS, split
-from dali_loader.plan import DEFAULT_MAX_PIXELS, Engine, Options, check, has_jpegs, resolve
+from dali_loader.plan import DEFAULT_MAX_PIXELS, Engine, Options, check, resolve
 from dali_loader.storage.manifest import describe_age
 from dali_loader.tfdata.dataset import make_loader, to_tf_dataset
 from dali_loader.tfdata.service import service_dataset
@@ -249,7 +249,7 @@ def image_dataset_from_directory(
         follow_links=follow_links, cache_dir=cache_dir, cache_max_bytes=cache_max_bytes,
         max_in_flight=max_in_flight, require_files=False, manifest=manifest,
     )
-    plan = resolve(options, env.with_source(source.kind, lambda: has_jpegs(index.paths)))
+    plan = resolve(options, env.with_source(source.kind, index.paths))
     probes.say_notes(plan)
     probes.share_gpu(plan)
     if verbose:

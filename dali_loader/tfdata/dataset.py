@@ -70,7 +70,6 @@ from dali_loader.plan import (
     Plan,
     PngDecoder,
     PngWhere,
-    has_pngs,
     resolve,
 )
 from dali_loader.storage.source import Source
@@ -625,11 +624,10 @@ def _tf_kernel_dataset(tf, feed: Feed, spec: ImageSpec, batch_size: int | None,
     # One generator per iterator: one independent epoch each.
     ds = _per_iterator_dataset(tf, epochs.generators, (*files, vec))
     ds._dali_epochs = epochs  # held by every dataset and iterator derived from it
-    # PNGs by the native core's op where png_decoder resolved to it (others, and
-    # the files it leaves, by TF's decoder in the same graph: tf_png), and where
-    # a file is named as a PNG: a folder of JPEGs gets Keras's decode alone.
-    native = (getattr(feed, "png_decoder", None) is PngDecoder.WUFFS
-              and has_pngs(feed.index.paths))
+    # PNGs by the native core's op where the plan put it (others, and the files it
+    # leaves, by TF's decoder in the same graph: tf_png); a folder with no file
+    # named .png gets Keras's decode alone (plan.has_pngs).
+    native = getattr(feed, "png_decoder", None) is PngDecoder.WUFFS
     if epochs.reads is _Reads.PINNED_OR_BYTES:
         def decode(data, offset, key):
             return decode_like_keras(read_item(tf, data, offset), spec, tf, native), key

@@ -148,7 +148,7 @@ def _prefetch_ready(args: argparse.Namespace) -> int:
     from dali_loader.decode.dali_graph import default_num_threads
     from dali_loader import probes
     from dali_loader.decode.png_stage import KerasPixels
-    from dali_loader.plan import Options, PngDecoder, check, has_jpegs, resolve
+    from dali_loader.plan import Options, PngDecoder, check, resolve
     from dali_loader.decode.spec import channels_for
     from dali_loader.errors import BadFileError
     from dali_loader.tfdata.dataset import ready_cache
@@ -166,7 +166,7 @@ def _prefetch_ready(args: argparse.Namespace) -> int:
     start = time.monotonic()
     src, index = open_index(args.url, labels=None, shuffle=False, cache_dir=args.cache_dir, manifest="refresh",
                             cache_max_bytes=args.cache_max_bytes, max_in_flight=args.max_in_flight)
-    plan = resolve(options, env.with_source(src.kind, lambda: has_jpegs(index.paths)))
+    plan = resolve(options, env.with_source(src.kind, index.paths))
     probes.say_notes(plan)
     png = plan.png_fill
     # Decodes run on the pool's threads, at most one per core at once (Wuffs frees the GIL).
