@@ -19,7 +19,6 @@ once per iterator). TensorFlow is imported lazily.
 from __future__ import annotations
 
 import functools
-import os
 from typing import Any
 
 import numpy as np
@@ -30,17 +29,12 @@ from dali_loader.decode.dali_graph import Input, default_num_threads
 from dali_loader.decode.png_batches import PngBatches
 from dali_loader.decode.png_stage import KerasPixels, RawOrCheckedItems
 from dali_loader.decode.spec import ImageSpec
-from dali_loader.decode.ready_forms import RAW_HEADER, ReadyForm, decode_raw, raw_shape
-from dali_loader.decode.tf_kernels import (
-    labels_like_keras,
-    pixels_like_keras,
-    resize_problem,
-    resize_ready_batch,
-)
-from dali_loader.errors import CorruptImageError, UnresizableImageError
+from dali_loader.decode.ready_forms import ReadyForm
+from dali_loader.decode.tf_kernels import labels_like_keras, pixels_like_keras
+from dali_loader.errors import CorruptImageError
 from dali_loader.feed.checks import size_problem
 from dali_loader.feed.epochs import Feed
-from dali_loader.feed.items import CheckedBytes, OpenEntry, Paths, PinnedOrBytes, RawBytes
+from dali_loader.feed.items import CheckedBytes, Paths, PinnedOrBytes, RawBytes
 from dali_loader.feed.ready import ReadyBytes, ReadyCache, ReadyPinned
 from dali_loader.index import Index
 from dali_loader.lazy import import_tf
@@ -56,6 +50,7 @@ from dali_loader.plan import (
 from dali_loader.storage.source import Source
 from dali_loader.tfdata.dali_plugin import plugin_dataset
 from dali_loader.tfdata.handle import LoaderHandle
+from dali_loader.tfdata.ready_path import pooled_empty, ready_dataset
 from dali_loader.tfdata.tf_path import TF_CHUNK, TF_LOCAL_CHUNK, _tf_kernel_dataset
 from dali_loader.tfdata.weak import weakly as _weakly
 
@@ -128,7 +123,7 @@ def ready_cache(source: Source, form: ReadyForm, channels: int,
     decode = (functools.partial(_keras_pixels, channels, max_pixels) if pixels is None
               else pixels)
     return ReadyCache(source, form, channels, decode,
-                      alloc=functools.partial(_pooled_empty, import_tf()))
+                      alloc=functools.partial(pooled_empty, import_tf()))
 
 
 def _keras_pixels(channels: int, max_pixels: int | None, data: bytes, path: str) -> np.ndarray:
@@ -179,7 +174,7 @@ def to_tf_dataset(loader: DaliBatches | Feed, spec: ImageSpec, batch_size: int |
             ds = _dali_dataset(tf, loader, spec, batch_size, which)
             feed = loader.feed
         elif plan.item_reader is ItemReader.READY_PINNED:
-            ds = _ready_dataset(tf, loader, spec, batch_size, num_threads, which)
+            ds = ready_dataset(tf, loader, spec, batch_size, num_threads, which)
             feed = loader
         else:  # Keras's labels made in the audit's own map: one function fewer per iterator
             ds, audits = _tf_kernel_dataset(tf, loader, spec, batch_size, num_threads, which,
@@ -250,168 +245,4 @@ def _dali_dataset(tf, batches: DaliBatches, spec: ImageSpec, batch_size: int | N
     ds = tf.data.Dataset.from_generator(_weakly(epochs, "epoch", lambda: iter(())),
                                         output_signature=sig)
     ds._dali_epochs = epochs  # held by every dataset and iterator derived from it
-    return ds.unbatch() if batch_size is None else ds
-
-
-ALIGN = 64  # TF shares an aligned numpy buffer's memory instead of copying it
-
-
-def _aligned_empty(nbytes: int) -> np.ndarray:
-    """A 1-D uint8 array of `nbytes` whose data is `ALIGN`-byte aligned, so that
-    `from_generator` hands it to TF without a copy (TF keeps it alive while used)."""
-    base = np.empty(nbytes + ALIGN, np.uint8)
-    start = (-base.__array_interface__["data"][0]) % ALIGN
-    return base[start:start + nbytes]
-
-
-def _pooled_empty(tf, nbytes: int) -> np.ndarray:
-    """`_aligned_empty(nbytes)`, but from TF's own CPU allocator where it can be
-    viewed writable: that allocator pools what it frees (oneDNN's), so the buffer
-    of a batch with a huge image reuses the memory TF freed after decoding it
-    (when the entry was filled) instead of adding a second copy's worth."""
-    try:
-        out = tf.raw_ops.Empty(shape=[nbytes], dtype=tf.uint8, init=False)._numpy()
-    except (AttributeError, TypeError, ValueError):  # pragma: no cover - a future TF
-        return _aligned_empty(nbytes)
-    if out.flags.writeable and out.ctypes.data % ALIGN == 0:
-        return out  # its base holds TF's buffer
-    return _aligned_empty(nbytes)  # pragma: no cover - a future TF
-
-
-class _OpenEntry:
-    """A raw entry: its shape from the header, then its pixels read into a
-    caller's buffer (an open entry, `OpenEntry`, read in place; the reader's
-    release closes it), or copied from its bytes; or pixels decoded on the
-    feed's threads (`png_stage.PixelItems`), copied."""
-
-    def __init__(self, item):
-        self.fd = None
-        if isinstance(item, np.ndarray):
-            self.pixels, self.shape = item, item.shape
-            return
-        if isinstance(item, OpenEntry):
-            self.fd, self.at = item.fd, item.offset + RAW_HEADER
-            head = os.pread(self.fd, RAW_HEADER, item.offset)
-            self.pixels = None
-        else:
-            head, self.pixels = item[:RAW_HEADER], decode_raw(item)
-        self.shape = raw_shape(head)
-
-    def read_into(self, out: np.ndarray) -> None:
-        if self.fd is None:
-            out[:] = self.pixels.reshape(-1)
-        elif os.preadv(self.fd, [memoryview(out)], self.at) != out.size:
-            raise OSError(f"short read of a GPU-ready cache entry (descriptor {self.fd})")
-
-    def close(self) -> None:
-        pass
-
-
-def _pad_to_zero(shape, spec: ImageSpec) -> bool:
-    """Whether `tf.image.resize_with_pad` of an image of `shape` (HxWxC) to the spec's
-    size scales a side to zero rows or columns (its float32 arithmetic)."""
-    h, w = np.float32(shape[0]), np.float32(shape[1])
-    ratio = max(w / np.float32(spec.width), h / np.float32(spec.height))
-    return bool(np.floor(h / ratio) < 1 or np.floor(w / ratio) < 1)
-
-
-def _ready_layout(sizes: np.ndarray) -> tuple[np.ndarray, int]:
-    """Where each entry goes in a batch's buffer, and the buffer's size.
-
-    Same-size entries lie back to back (the batch is one tensor). Otherwise the
-    largest lies last, at an `ALIGN`ed offset: TF's slice of it (aligned, to the
-    end) shares the buffer instead of copying it, so a huge image among small
-    ones is held once."""
-    offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
-    if len(sizes) < 2 or (sizes == sizes[0]).all():
-        return offsets, int(sizes.sum())
-    big = int(np.argmax(sizes))
-    rest = [i for i in range(len(sizes)) if i != big]
-    at = 0
-    for i in rest:
-        offsets[i] = at
-        at += int(sizes[i])
-    offsets[big] = -(-at // ALIGN) * ALIGN
-    return offsets, int(offsets[big] + sizes[big])
-
-
-class _ReadyEpochs:
-    """What the generator calls on the TF path, once per iterator, when the feed's
-    items are pixels (GPU-ready cache entries, or `png_stage.PixelItems`): whole
-    batches of them, read or copied into one aligned buffer (shared with TF), with
-    the images' shapes and offsets in it."""
-
-    def __init__(self, tf, feed: Feed, which: tuple[int | None, int],
-                 spec: ImageSpec | None = None):
-        self.tf = tf
-        self.feed = feed
-        self.which = which
-        self.spec = spec
-
-    def _unresizable(self, epoch, entries: list, positions: list) -> tuple[list, list]:
-        """The entries whose resize would fail (Keras's pad_to_aspect_ratio to a zero
-        dimension) go to the epoch's on_error (raised, or skipped and recorded),
-        named with TF's own reason: the batch's resize in the graph has no audit."""
-        if self.spec is None or not self.spec.pad_to_aspect_ratio:
-            return entries, positions
-        keep_e, keep_p = [], []
-        for entry, pos in zip(entries, positions):
-            problem = (_pad_to_zero(entry.shape, self.spec)
-                       and resize_problem(np.zeros(entry.shape, np.uint8), self.spec, self.tf))
-            if problem:
-                entry.close()
-                epoch.release([pos])
-                epoch.errors(UnresizableImageError(epoch.path(pos), problem))
-                continue
-            keep_e.append(entry)
-            keep_p.append(pos)
-        return keep_e, keep_p
-
-    def epoch(self):
-        epoch = self.feed.epoch(*self.which)
-        try:
-            while (chunk := epoch.next_chunk()) is not None:
-                entries = []
-                positions = chunk.positions
-                try:
-                    for item in chunk.items:
-                        entries.append(_OpenEntry(item))
-                    entries, positions = self._unresizable(epoch, entries, positions)
-                    if not entries:
-                        continue
-                    shapes = np.asarray([e.shape for e in entries], np.int32)
-                    sizes = np.prod(shapes, axis=1, dtype=np.int64)
-                    offsets, total = _ready_layout(sizes)
-                    flat = _pooled_empty(self.tf, total)
-                    for entry, at, size in zip(entries, offsets, sizes):
-                        entry.read_into(flat[at:at + size])
-                finally:
-                    for entry in entries:
-                        entry.close()
-                epoch.release(positions)
-                labels = epoch.labels(positions)
-                yield flat, shapes, offsets, (np.zeros(len(shapes), np.int32) if labels is None
-                                              else labels.astype(np.int32))
-        finally:
-            epoch.close()
-
-
-def _ready_dataset(tf, feed: Feed, spec: ImageSpec, batch_size: int | None,
-                   num_threads: int | None, which: tuple[int | None, int]):
-    """The TF path over pixels (the GPU-ready cache's raw entries, or files the
-    feed decoded): nothing to decode in the graph, so no audit (a file that
-    cannot be decoded was the feed's `on_error`); a batch of same-size images is
-    resized as one tensor (one output allocation per batch instead of one per
-    image and op)."""
-    epochs = _ReadyEpochs(tf, feed, which, spec)
-    sig = (tf.TensorSpec((None,), tf.uint8), tf.TensorSpec((None, 3), tf.int32),
-           tf.TensorSpec((None,), tf.int64), tf.TensorSpec((None,), tf.int32))
-    # TF calls the generator once per iterator: one independent epoch each.
-    ds = tf.data.Dataset.from_generator(_weakly(epochs, "epoch", lambda: iter(())),
-                                        output_signature=sig)
-    ds._dali_epochs = epochs  # held by every dataset and iterator derived from it
-    ds = ds.map(tf.autograph.experimental.do_not_convert(
-                    lambda flat, shapes, offsets, y: (resize_ready_batch(flat, shapes, offsets,
-                                                                         spec, tf), y)),
-                num_parallel_calls=num_threads or default_num_threads(), deterministic=True)
     return ds.unbatch() if batch_size is None else ds
