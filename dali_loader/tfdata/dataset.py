@@ -1,17 +1,17 @@
-"""tf.data output: a finite, Keras-shaped `tf.data.Dataset` over a feed.
+"""tf.data output: a finite, Keras-shaped `tf.data.Dataset` over a loader.
 
-Two decode paths behind one dataset:
-- DALI (`DaliBatches`, the GPU path): DALI decodes and resizes; batches reach
-  TF through the DALI TF plugin on DALI's device (`dali_plugin`), or through
-  `from_generator`, one Python call per batch (`Handoff`).
-- TensorFlow's own kernels (the CPU default): on a CPU-only machine DALI's PNG
-  decoder is no faster than TF's and its resize costs about twice as much
-  (docs/benchmarks.md, "Why TF kernels on the CPU"), so the feed does the I/O (index,
-  read-ahead, gs:// cache) and TF decodes with the ops of Keras's
-  `_load_image_tf`: bit-identical to Keras, for every option. Files TF's
-  decoder rejects are dropped by `ignore_errors()` and named by the audit.
-With `gpu_ready`, both read GPU-ready cache entries (`feed.ready`) instead of
-the files: raw pixels that TF's kernels or DALI reshape (or TIFFs for DALI).
+The wiring: `make_loader` builds what a dataset iterates as the plan says (a
+`Feed` or `DaliBatches`), `ready_cache` the GPU-ready cache, and `to_tf_dataset`
+hands the loader to its path's module, then adds Keras's labels, the
+cardinality and the handle (`ds.loader`):
+- TensorFlow's own kernels over files (the CPU default; Keras's pixels, every
+  file TF's decoder drops named by the audit): `tf_path`;
+- TensorFlow's kernels over pixels (the GPU-ready cache's raw entries, or files
+  the feed decoded): `ready_path`;
+- DALI (`DaliBatches`, the GPU path; with `gpu_ready` it reads the cache's
+  entries too): batches reach TF through the DALI TF plugin (`dali_plugin`), or
+  through `from_generator`, one Python call per batch (`dali_path`), as the
+  plan's `Handoff` says.
 Each iteration of the dataset is an independent epoch (TF calls the generator
 once per iterator). TensorFlow is imported lazily.
 """
@@ -48,11 +48,11 @@ from dali_loader.plan import (
     resolve,
 )
 from dali_loader.storage.source import Source
+from dali_loader.tfdata.dali_path import dali_dataset
 from dali_loader.tfdata.dali_plugin import plugin_dataset
 from dali_loader.tfdata.handle import LoaderHandle
 from dali_loader.tfdata.ready_path import pooled_empty, ready_dataset
 from dali_loader.tfdata.tf_path import TF_CHUNK, TF_LOCAL_CHUNK, _tf_kernel_dataset
-from dali_loader.tfdata.weak import weakly as _weakly
 
 
 def make_loader(source: Source, index: Index, spec: ImageSpec, plan: Plan | None = None, *,
@@ -171,7 +171,7 @@ def to_tf_dataset(loader: DaliBatches | Feed, spec: ImageSpec, batch_size: int |
     else:
         labelled = functools.partial(labels_like_keras, tf, label_mode, num_classes)
         if plan.engine is Engine.DALI:
-            ds = _dali_dataset(tf, loader, spec, batch_size, which)
+            ds = dali_dataset(tf, loader, spec, batch_size, which)
             feed = loader.feed
         elif plan.item_reader is ItemReader.READY_PINNED:
             ds = ready_dataset(tf, loader, spec, batch_size, num_threads, which)
@@ -222,27 +222,3 @@ def _resume_at(loader, spec, batch_size, label_mode, num_classes, attributes,
         raise ValueError(f"`epoch` must be a non-negative integer. Received: epoch={epoch!r}")
     return to_tf_dataset(loader, spec, batch_size, label_mode, num_classes, epoch=epoch,
                          start_step=step, attributes=attributes)
-
-
-class _DaliEpochs:
-    """What the DALI path's generator calls, once per iterator."""
-
-    def __init__(self, batches: DaliBatches, which: tuple[int | None, int]):
-        self.batches = batches
-        self.which = which
-
-    def epoch(self):
-        for x, y in self.batches.epoch(*self.which):
-            yield x, (np.zeros(len(x), np.int32) if y is None else y)
-
-
-def _dali_dataset(tf, batches: DaliBatches, spec: ImageSpec, batch_size: int | None,
-                  which: tuple[int | None, int]):
-    img_dtype = tf.uint8 if spec.output_uint8 else tf.float32
-    epochs = _DaliEpochs(batches, which)
-    sig = (tf.TensorSpec((None, *spec.shape), img_dtype), tf.TensorSpec((None,), tf.int32))
-    # TF calls the generator once per iterator: one independent epoch each.
-    ds = tf.data.Dataset.from_generator(_weakly(epochs, "epoch", lambda: iter(())),
-                                        output_signature=sig)
-    ds._dali_epochs = epochs  # held by every dataset and iterator derived from it
-    return ds.unbatch() if batch_size is None else ds
