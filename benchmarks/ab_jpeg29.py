@@ -31,20 +31,21 @@ KW = dict(image_size=(244, 244), batch_size=128, seed=1, verbose=False)
 def before(ours, root: str):
     """This loader with the branch's three changes undone while it is built."""
     import dali_loader.plan as plan
-    import dali_loader.tfdata.dataset as tfd
+    import dali_loader.tfdata.generators as gens
+    import dali_loader.tfdata.tf_path as tfp
 
-    saved = (plan.has_pngs, dict(tfd._single_device), tfd.CALLS_PER_CORE)
+    saved = (plan.has_pngs, dict(gens._single_device), tfp.CALLS_PER_CORE)
     plan.has_pngs = lambda paths: True
-    tfd._single_device.clear()
-    tfd._single_device["cls"] = None
-    tfd.CALLS_PER_CORE = 1
+    gens._single_device.clear()
+    gens._single_device["cls"] = None
+    tfp.CALLS_PER_CORE = 1
     try:
         return ours(root, **KW)
     finally:
         plan.has_pngs = saved[0]
-        tfd._single_device.clear()
-        tfd._single_device.update(saved[1])
-        tfd.CALLS_PER_CORE = saved[2]
+        gens._single_device.clear()
+        gens._single_device.update(saved[1])
+        tfp.CALLS_PER_CORE = saved[2]
 
 
 def epoch(ds) -> tuple[float, float, float]:

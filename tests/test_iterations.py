@@ -259,11 +259,11 @@ def _abandon_then_whole_epoch(ds) -> None:
 
 def test_generator_init_and_finalize_are_single_device(id_tree):
     """Issue 29: the generator's one-output functions skip grappler per iterator."""
-    from dali_loader.tfdata import dataset as tfd
+    from dali_loader.tfdata import generators
 
     ds = make(id_tree, "tf", "raise")
     gen = _generator_of(ds)
-    assert type(gen) is tfd._single_device_class(tf)
+    assert type(gen) is generators._single_device_class(tf)
     assert _attr(gen._init_func, "experimental_ints_on_device")
     assert _attr(gen._finalize_func, "experimental_ints_on_device")
     assert not _attr(gen._next_func, "experimental_ints_on_device")  # two outputs
@@ -273,13 +273,13 @@ def test_generator_init_and_finalize_are_single_device(id_tree):
 def test_generator_falls_back_where_tf_refuses(id_tree, monkeypatch):
     from tensorflow.python.data.ops.from_generator_op import _GeneratorDataset
 
-    from dali_loader.tfdata import dataset as tfd
+    from dali_loader.tfdata import generators
 
     def refused(tf):
         raise TypeError("a TF without it")
 
-    monkeypatch.setattr(tfd, "_single_device", {})
-    monkeypatch.setattr(tfd, "_make_single_device_class", refused)
+    monkeypatch.setattr(generators, "_single_device", {})
+    monkeypatch.setattr(generators, "_make_single_device_class", refused)
     ds = make(id_tree, "tf", "raise")
     assert type(_generator_of(ds)) is _GeneratorDataset
     _abandon_then_whole_epoch(ds)

@@ -10,7 +10,7 @@ tf = pytest.importorskip("tensorflow")
 
 from dali_loader.feed.epochs import FeedEpoch  # noqa: E402
 from dali_loader.testing.pngs import encode_png  # noqa: E402
-from dali_loader.tfdata import dataset as dataset_mod  # noqa: E402
+from dali_loader.tfdata import tf_path as tf_path_mod  # noqa: E402
 from tf_adapter import image_dataset_from_directory as ours  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
@@ -41,9 +41,9 @@ def _ids(ds) -> tuple[list[int], list[int]]:
 def test_end_marker_file_is_the_marker():
     """The file the local-path graph reads at the end of each epoch is the marker,
     a valid PNG TF decodes (shipped as package data)."""
-    with open(dataset_mod.END_MARKER_FILE, "rb") as f:
-        assert f.read() == dataset_mod.END_MARKER
-    assert tuple(tf.io.decode_png(dataset_mod.END_MARKER).shape) == (1, 1, 1)
+    with open(tf_path_mod.END_MARKER_FILE, "rb") as f:
+        assert f.read() == tf_path_mod.END_MARKER
+    assert tuple(tf.io.decode_png(tf_path_mod.END_MARKER).shape) == (1, 1, 1)
 
 
 def test_local_chunks_grow_after_a_small_first_one(tmp_path, monkeypatch):
@@ -79,7 +79,7 @@ def test_bad_files_anywhere_are_named_and_the_rest_delivered_once(tmp_path, monk
     named; every other file arrives once with its label; with and without the
     marker file (without it, the graph takes the branch that reads bytes too)."""
     if not marker_file:
-        monkeypatch.setattr(dataset_mod, "END_MARKER_FILE", str(tmp_path / "missing.png"))
+        monkeypatch.setattr(tf_path_mod, "END_MARKER_FILE", str(tmp_path / "missing.png"))
     n = 300
     bad = (0, 2, 1, 150, 151, 297, 299)  # c0: first two; c1: first, mid, last two
     _tree(tmp_path / "data", n, bad)
@@ -98,7 +98,7 @@ def test_bad_files_anywhere_are_named_and_the_rest_delivered_once(tmp_path, monk
         assert labels == [i % 2 for i in ids]
     assert sorted(reads.skipped) == sorted(str(tmp_path / "data" / f"c{i % 2}" / f"{i:04d}.png")
                                            for i in bad)
-    assert (dataset_mod._Reads.of(reads.engine.items) is dataset_mod._Reads.PATHS) == marker_file
+    assert (tf_path_mod._Reads.of(reads.engine.items) is tf_path_mod._Reads.PATHS) == marker_file
 
 
 def test_remote_style_reads_keep_offsets(tmp_path):
@@ -106,9 +106,9 @@ def test_remote_style_reads_keep_offsets(tmp_path):
     cache files carry an offset (the graph branches per element there only)."""
     from dali_loader.feed.items import Paths, PinnedOrBytes, RawBytes
 
-    assert dataset_mod._Reads.of(Paths([])) is dataset_mod._Reads.PATHS
-    assert dataset_mod._Reads.of(RawBytes(None)) is dataset_mod._Reads.BYTES
-    assert dataset_mod._Reads.of(PinnedOrBytes(None)) is dataset_mod._Reads.PINNED_OR_BYTES
+    assert tf_path_mod._Reads.of(Paths([])) is tf_path_mod._Reads.PATHS
+    assert tf_path_mod._Reads.of(RawBytes(None)) is tf_path_mod._Reads.BYTES
+    assert tf_path_mod._Reads.of(PinnedOrBytes(None)) is tf_path_mod._Reads.PINNED_OR_BYTES
 
 
 def test_headers_are_read_once_per_file_while_they_pass(tmp_path, monkeypatch):
@@ -156,7 +156,7 @@ def test_the_audit_of_a_gone_dataset_passes_batches_through():
             return "live", keys
 
     t = Target()
-    call = weakly(t, "check", dataset_mod._no_check)
+    call = weakly(t, "check", tf_path_mod._no_check)
     assert call(np.arange(3))[0] == "live"
     del t
     gc.collect()

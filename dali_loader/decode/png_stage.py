@@ -55,7 +55,7 @@ def wuffs_available() -> bool:
 def tf_pooled_empty(nbytes: int) -> np.ndarray:
     """A writable uint8 buffer of `nbytes` from TF's CPU allocator, which pools what it
     frees: decoded pixels reuse the memory of the image before instead of fresh pages
-    (what tfdata.dataset's `_pooled_empty` does for entries). numpy's otherwise."""
+    (what tfdata.ready_path's `pooled_empty` does for entries). numpy's otherwise."""
     tf = import_tf()
     try:
         out = tf.raw_ops.Empty(shape=[nbytes], dtype=tf.uint8, init=False)._numpy()
