@@ -52,7 +52,7 @@ from dali_loader.tfdata.dali_path import dali_dataset
 from dali_loader.tfdata.dali_plugin import plugin_dataset
 from dali_loader.tfdata.handle import LoaderHandle
 from dali_loader.tfdata.ready_path import pooled_empty, ready_dataset
-from dali_loader.tfdata.tf_path import TF_CHUNK, TF_LOCAL_CHUNK, _tf_kernel_dataset
+from dali_loader.tfdata.tf_path import TF_CHUNK, TF_LOCAL_CHUNK, tf_kernel_dataset
 
 
 def make_loader(source: Source, index: Index, spec: ImageSpec, plan: Plan | None = None, *,
@@ -177,12 +177,12 @@ def to_tf_dataset(loader: DaliBatches | Feed, spec: ImageSpec, batch_size: int |
             ds = ready_dataset(tf, loader, spec, batch_size, num_threads, which)
             feed = loader
         else:  # Keras's labels made in the audit's own map: one function fewer per iterator
-            ds, audits = _tf_kernel_dataset(tf, loader, spec, batch_size, num_threads, which,
+            ds, audits = tf_kernel_dataset(tf, loader, spec, batch_size, num_threads, which,
                                             labelled)
             feed = loader
             labelled = None
         if labelled is not None and label_mode != "int":
-            plain = tf.autograph.experimental.do_not_convert  # see tf_path._tf_kernel_dataset
+            plain = tf.autograph.experimental.do_not_convert  # see tf_path.tf_kernel_dataset
             ds = ds.map(plain(labelled))
         size = _cardinality(feed, batch_size, epoch, start_step)
         if size is not None:

@@ -209,7 +209,7 @@ def _decode_calls(num_threads: int | None) -> int:
     return num_threads or CALLS_PER_CORE * default_num_threads()
 
 
-def _tf_kernel_dataset(tf, feed: Feed, spec: ImageSpec, batch_size: int | None,
+def tf_kernel_dataset(tf, feed: Feed, spec: ImageSpec, batch_size: int | None,
                        num_threads: int | None, which: tuple[int | None, int],
                        labelled: Callable = lambda x, y: (x, y)):
     """The TF path over files: `labelled(x, y)` makes each batch's labels Keras's.
