@@ -178,7 +178,7 @@ def to_tf_dataset(loader: DaliBatches | Feed, spec: ImageSpec, batch_size: int |
             feed = loader
         else:  # Keras's labels made in the audit's own map: one function fewer per iterator
             ds, audits = tf_kernel_dataset(tf, loader, spec, batch_size, num_threads, which,
-                                            labelled)
+                                           labelled)
             feed = loader
             labelled = None
         if labelled is not None and label_mode != "int":
