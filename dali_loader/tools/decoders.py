@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 
-from dali_loader.feed.checks import sniff
+from dali_loader.formats.sniff import sniff
 
 # TF's decoders behind tf.io.decode_image, by format (what the CPU default runs).
 TF_DECODERS = {"JPEG": "libjpeg-turbo", "GIF": "giflib", "BMP": "TF's BMP decoder"}
