@@ -21,10 +21,7 @@ from dali_loader.errors import CorruptImageError
 from dali_loader.formats import png
 from dali_loader.formats.limits import DEFAULT_MAX_PIXELS
 from dali_loader.formats.limits import physical_memory as _physical_memory
-from dali_loader.formats.png import SIGNATURE as PNG_SIGNATURE  # noqa: F401
-from dali_loader.formats.sniff import HEAD_BYTES, image_size, read_head, sniff  # noqa: F401
-# The one check of a max_pixels value (the plan's).
-from dali_loader.plan import check_max_pixels  # noqa: F401
+from dali_loader.formats.sniff import image_size, read_head, sniff
 
 
 def over_limit(size: tuple[int, int] | None, max_pixels: int | None) -> str | None:

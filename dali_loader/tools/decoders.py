@@ -21,7 +21,7 @@ FORMATS = ("PNG", "JPEG", "GIF", "BMP")
 
 def sniff_format(data: bytes) -> str:
     """The image format of `data` from its first bytes: "PNG", "JPEG", "GIF", "BMP" or "other"
-    (the feed's `checks.sniff`, in the names reports print)."""
+    (`formats.sniff.sniff`, in the names reports print)."""
     kind = sniff(data)
     return "other" if kind is None else kind.upper()
 

@@ -17,15 +17,7 @@ import dataclasses
 import struct
 
 from dali_loader.formats import png
-from dali_loader.formats.png import (  # noqa: F401 - re-exported: parse.SIGNATURE, .Fallback
-    GREY,
-    GREY_ALPHA,
-    PALETTE,
-    RGB,
-    RGBA,
-    SIGNATURE,
-    Fallback,
-)
+from dali_loader.formats.png import GREY, PALETTE, RGB, SIGNATURE, Fallback
 
 # Bytes per pixel in the filtered stream, per PNG colour type (8-bit samples).
 SAMPLES = png.SAMPLES
