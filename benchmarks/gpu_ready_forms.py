@@ -43,7 +43,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 import harness
-from dali_loader.decode import ready_forms
+from dali_loader.formats import ready as ready_forms
 
 KB = 1024
 DALI_BATCH = 32

@@ -30,15 +30,12 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from dali_loader.args import positive_int
+# The default pixel limit (2**30: why, in formats.limits) and the cache's pixel forms
+# are formats; the plan names them.
+from dali_loader.formats.limits import DEFAULT_MAX_PIXELS
+from dali_loader.formats.ready import ReadyForm
 from dali_loader.storage.manifest import check_manifest_mode
 from dali_loader.storage.source import SourceKind
-
-# The default pixel limit: 2**30 pixels (32768 x 32768; 4 GiB decoded as RGBA).
-# Keras decodes whatever fits in memory, so the default sits well above real
-# images (a 20000 x 20000 photo is 0.4 * 2**30) and about 6x Pillow's bomb
-# limit (178956970), yet refuses a header that claims billions of pixels
-# before a decoder tries to allocate them.
-DEFAULT_MAX_PIXELS = 1 << 30
 
 
 # -- the vocabulary: what a plan names ------------------------------------------------
@@ -115,13 +112,6 @@ class PngWhere(str, enum.Enum):
     DALI = "dali"  # DALI's decoder (nvImageCodec)
     GPU = "gpu"  # the batched GPU decoder, before DALI
     NONE = "none"  # GPU-ready cache entries: no PNG decoded in a cached epoch
-
-
-class ReadyForm(enum.Enum):
-    """How a GPU-ready cache entry's pixels are encoded."""
-
-    TIFF = "tiff-deflate-pred2"
-    RAW = "raw"
 
 
 class Handoff(str, enum.Enum):

@@ -84,7 +84,7 @@ def test_an_open_entry_survives_eviction_by_another_process(id_tree, tmp_path):
     """The descriptor is the pin: another cache instance (another process) evicting
     everything does not take an entry from the reader that holds it."""
     from dali_loader.api import open_index
-    from dali_loader.decode.ready_forms import ReadyForm
+    from dali_loader.formats.ready import ReadyForm
     from dali_loader.feed.items import OpenEntry
     from dali_loader.feed.ready import ReadyPinned
     from dali_loader.tfdata.dataset import ready_cache

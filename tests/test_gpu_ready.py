@@ -16,7 +16,7 @@ keras = pytest.importorskip("keras")
 tf = pytest.importorskip("tensorflow")
 
 from dali_loader.api import open_index  # noqa: E402
-from dali_loader.decode.ready_forms import ReadyForm, decode, encode  # noqa: E402
+from dali_loader.formats.ready import ReadyForm, decode, encode  # noqa: E402
 from dali_loader.errors import CorruptImageError, UnreadableFileError  # noqa: E402
 from dali_loader.tfdata.dataset import ready_cache  # noqa: E402
 from tf_adapter import image_dataset_from_directory as ours  # noqa: E402

@@ -59,3 +59,11 @@ def test_no_import_cycles():
         if m not in state:
             visit(m, [m])
     assert cycles == []
+
+
+def test_formats_import_nothing_above_them():
+    """formats/ is the bottom layer: it reads bytes for storage, feed and decode, and
+    imports nothing of theirs (nor of the plan, tfdata or the tools)."""
+    up = {m: sorted(d for d in deps if not d.startswith("dali_loader.formats"))
+          for m, deps in import_graph().items() if m.startswith("dali_loader.formats")}
+    assert len(up) >= 6 and {m: d for m, d in up.items() if d} == {}

@@ -10,14 +10,10 @@ import numpy as np
 import pytest
 
 from dali_loader.errors import BadFileError, CorruptImageError
-from dali_loader.feed.checks import (
-    PNG_SIGNATURE,
-    check_max_pixels,
-    check_png,
-    image_size,
-    prepare,
-    sniff,
-)
+from dali_loader.feed.checks import check_png, prepare
+from dali_loader.formats.png import SIGNATURE as PNG_SIGNATURE
+from dali_loader.formats.sniff import image_size, sniff
+from dali_loader.plan import check_max_pixels
 
 Image = pytest.importorskip("PIL.Image")
 

@@ -15,7 +15,7 @@ import os
 from typing import Any
 
 from dali_loader.decode import dali_png
-from dali_loader.decode.ready_forms import RAW_HEADER, RAW_MAGIC, decode_raw
+from dali_loader.formats.ready import RAW_HEADER, RAW_MAGIC, decode_raw
 from dali_loader.decode.spec import ImageSpec
 from dali_loader.lazy import import_dali
 from dali_loader.plan import DaliInput
@@ -138,7 +138,7 @@ def decode_ready(dali, encoded, channels: int, gpu: bool):
 
 
 def raw_pixels(dali, entry):
-    """HWC uint8 pixels of `ready_forms.ReadyForm.RAW` entries (1-D uint8): the
+    """HWC uint8 pixels of `formats.ready.ReadyForm.RAW` entries (1-D uint8): the
     header's height, width and channels, the rest reshaped. Nothing is decoded."""
     fn, t = dali.fn, dali.types
     hwc = fn.cast(fn.reinterpret(fn.slice(entry, start=[4], shape=[12], axes=[0]),
@@ -164,7 +164,7 @@ def _raw_on_device(dali, entry, gpu: bool):
 
 
 def _is_raw(dali, encoded):
-    """Per sample: whether the bytes start with `ready_forms.RAW_MAGIC` (no image
+    """Per sample: whether the bytes start with `formats.ready.RAW_MAGIC` (no image
     format DALI decodes starts so)."""
     fn, t = dali.fn, dali.types
     head = fn.cast(fn.slice(encoded, start=[0], shape=[4], axes=[0],

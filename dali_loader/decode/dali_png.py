@@ -15,7 +15,7 @@ import logging
 import os
 import threading
 
-from dali_loader.decode.png_cpu import MAX_PIXELS
+from dali_loader.formats.limits import CORE_MAX_PIXELS as MAX_PIXELS
 from dali_loader.lazy import import_dali
 
 logger = logging.getLogger(__name__)
@@ -24,7 +24,7 @@ LIBRARY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
                        "native", "_build", "dl_dali_png.so")
 BUILD_COMMAND = "python -m dali_loader.native.build_dali"
 
-# The core's envelope (named once in png_cpu; the TF op's default): larger PNGs go to
+# The core's envelope (why: formats.limits; the TF op's default): larger PNGs go to
 # DALI's decoder, as before. TF itself refuses PNGs of 2**29 pixels or more.
 CORE_MAX_PIXELS = MAX_PIXELS
 

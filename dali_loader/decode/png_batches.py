@@ -22,7 +22,7 @@ import threading
 from dali_loader.decode.png_gpu import Fallback, Launch, ZlibInflate, decode_pngs
 from dali_loader.decode.png_gpu.cpu_fallback import finish
 from dali_loader.decode.png_gpu.decoder import simulated
-from dali_loader.feed.checks import sniff
+from dali_loader.formats.sniff import sniff
 from dali_loader.feed.epochs import Chunk, FeedEpoch
 from dali_loader.lazy import import_cupy, import_numba_cuda
 

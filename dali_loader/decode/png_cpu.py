@@ -29,38 +29,33 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import struct
 import threading
-import zlib
 
 import numpy as np
 
+from dali_loader.formats import png
+from dali_loader.formats.limits import CORE_MAX_PIXELS, WUFFS_SIDE_LIMIT
+from dali_loader.formats.png import (  # noqa: F401 - re-exported: png_cpu.SIGNATURE, .Fallback
+    GREY,
+    GREY_ALPHA,
+    PALETTE,
+    RGB,
+    RGBA,
+    SIGNATURE,
+    Fallback,
+)
+
 logger = logging.getLogger(__name__)
 
-SIGNATURE = b"\x89PNG\r\n\x1a\n"
-GREY, RGB, PALETTE, GREY_ALPHA, RGBA = 0, 2, 3, 4, 6
-_DEPTHS = {GREY: (1, 2, 4, 8, 16), RGB: (8, 16), PALETTE: (1, 2, 4, 8),
-           GREY_ALPHA: (8, 16), RGBA: (8, 16)}
 # Chunks libpng reads the same way whatever Wuffs does with them; any other
 # chunk (an unknown one, APNG's acTL/fcTL/fdAT) sends the file to TF.
 _ANCILLARY = frozenset((b"tRNS", b"gAMA", b"cHRM", b"sRGB", b"iCCP", b"sBIT", b"bKGD", b"hIST",
                         b"pHYs", b"sPLT", b"tIME", b"tEXt", b"zTXt", b"iTXt", b"eXIf", b"oFFs",
                         b"pCAL", b"sCAL", b"sTER"))
-# libpng converts RGB to grey through its gamma tables when the file's gamma is
-# significant (png_gamma_significant: more than 5% from 1.0); sRGB implies 1/2.2
-# and iCCP may carry one.
-_GAMMA_ONE, _GAMMA_SLACK = 100000, 5000
-# Bigger images go to TF (which decodes or refuses them as Keras would): Wuffs'
-# own limit is 2**20 - 1 per side.
-MAX_PIXELS = 1 << 28
+# Bigger images go to TF (which decodes or refuses them as Keras would): the
+# core's envelope (why: formats.limits).
+MAX_PIXELS = CORE_MAX_PIXELS
 _GREY_WEIGHTS = np.array([[9797], [19234], [3737]], np.float32)
-
-
-@dataclasses.dataclass(frozen=True)
-class Fallback:
-    """A file this decoder leaves to TensorFlow's, and why (not an error)."""
-
-    reason: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,17 +71,18 @@ class PngHeader:
 
 
 def read_header(data: bytes) -> PngHeader | Fallback:
-    """Walks the chunks: IHDR first, known chunks only, every non-IDAT CRC checked,
-    IEND last with nothing but trailing bytes after it. IDAT CRCs are Wuffs' to check."""
+    """Walks the chunks (`formats.png`): IHDR first, known chunks only, every
+    non-IDAT CRC checked, IEND last with nothing but trailing bytes after it.
+    IDAT CRCs are Wuffs' to check."""
     n = len(data)
     if n < 45 or not data.startswith(SIGNATURE):
         return Fallback("not a PNG, or too short")
-    length, kind = struct.unpack_from(">I4s", data, 8)
-    if kind != b"IHDR" or length != 13 or zlib.crc32(data[12:29]) != _u32(data, 29):
+    h = png.read_ihdr(data)
+    if h is None:
         return Fallback("IHDR missing or damaged")
-    width, height, depth, color, comp, filt, interlace = struct.unpack_from(">IIBBBBB", data, 16)
-    if (depth not in _DEPTHS.get(color, ()) or comp or filt or interlace > 1
-            or not 0 < width < 1 << 20 or not 0 < height < 1 << 20):
+    width, height, depth, color, comp, filt, interlace = h
+    if (depth not in png.DEPTHS.get(color, ()) or comp or filt or interlace > 1
+            or not 0 < width < WUFFS_SIDE_LIMIT or not 0 < height < WUFFS_SIDE_LIMIT):
         return Fallback("IHDR out of range")
     if width * height > MAX_PIXELS:
         return Fallback(f"{width}x{height} is larger than the fast decoder takes")
@@ -94,22 +90,17 @@ def read_header(data: bytes) -> PngHeader | Fallback:
         return Fallback("an interlaced image one row high")
     trns = gamma = False
     seen_idat = idat_done = plte = False
-    pos = 33
-    while True:
-        if pos + 12 > n:
-            return Fallback("no IEND chunk")
-        length, kind = struct.unpack_from(">I4s", data, pos)
-        end = pos + 12 + length
-        if length > 0x7FFFFFFF or end > n:
-            return Fallback("a chunk runs past the end")
-        if kind == b"IDAT":
-            if idat_done:
-                return Fallback("IDAT chunks are not consecutive")
-            seen_idat = True
-        else:
+    crc_ok = png.crc_ok
+    try:
+        for pos, length, kind, end in png.chunks(data, png.IHDR_END):
+            if kind == b"IDAT":
+                if idat_done:
+                    return Fallback("IDAT chunks are not consecutive")
+                seen_idat = True
+                continue
             if seen_idat:
                 idat_done = True
-            if zlib.crc32(data[pos + 4:end - 4]) != _u32(data, end - 4):
+            if not crc_ok(data, pos, end):
                 return Fallback(f"CRC mismatch in {kind!r}")
             if kind == b"IEND":
                 return (PngHeader(width, height, depth, color, trns, gamma) if seen_idat
@@ -123,17 +114,13 @@ def read_header(data: bytes) -> PngHeader | Fallback:
                     return Fallback(f"{kind!r} after IDAT")
                 if kind == b"tRNS":
                     trns = True
-                elif kind == b"gAMA":
-                    gamma = gamma or length != 4 or abs(_u32(data, pos + 8) - _GAMMA_ONE) > _GAMMA_SLACK
-                elif kind in (b"sRGB", b"iCCP"):
-                    gamma = True
+                else:
+                    gamma = gamma or png.gamma_significant(data, pos, length, kind)
             else:
                 return Fallback(f"chunk {kind!r} is left to libpng")
-        pos = end
-
-
-def _u32(data: bytes, pos: int) -> int:
-    return struct.unpack_from(">I", data, pos)[0]
+    except png.ChunkError as e:
+        return Fallback("no IEND chunk" if e.pos + 12 > n else "a chunk runs past the end")
+    return Fallback("no IEND chunk")
 
 
 def plan(h: PngHeader, channels: int) -> tuple[str, int] | Fallback:

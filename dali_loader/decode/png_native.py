@@ -21,7 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from dali_loader.decode.png_cpu import MAX_PIXELS, Fallback
+from dali_loader.formats.limits import CORE_MAX_PIXELS as MAX_PIXELS
+from dali_loader.formats.png import Fallback
 
 logger = logging.getLogger(__name__)
 

@@ -18,12 +18,12 @@ On the DALI path and for fills, with Wuffs every file is decoded on the feed's
 read-ahead threads, where the GIL is released while Wuffs works, at most
 `num_threads` at once:
 - `KerasPixels`: a file's bytes -> the HxWxC uint8 pixels Keras decodes. PNGs
-  through Wuffs; the PNGs it leaves (`png_cpu.Fallback`) and other formats
+  through Wuffs; the PNGs it leaves (`formats.png.Fallback`) and other formats
   through TF's own decoder, eagerly (libpng, libjpeg, as Keras).
 - `PixelItems`: item reader of pixels (the base of `RawOrCheckedItems`; the TF
   path decodes in its graph instead, with the native op).
 - `RawOrCheckedItems`: item reader for the DALI path: a PNG becomes a raw pixel
-  entry (`ready_forms.ReadyForm.RAW`) that DALI only reshapes; other files, and
+  entry (`formats.ready.ReadyForm.RAW`) that DALI only reshapes; other files, and
   PNGs over `BIG_PNG_PIXELS`, stay checked bytes that DALI decodes (JPEG with
   nvJPEG on a GPU; big PNGs on the CPU: TF, as their batch enters DALI).
 A file TF rejects raises `CorruptImageError` naming it: the feed's `on_error`.
@@ -38,11 +38,14 @@ from collections.abc import Callable
 import numpy as np
 
 from dali_loader.decode import png_cpu, png_native
-from dali_loader.decode.ready_forms import encode_raw
 from dali_loader.decode.tf_kernels import pixels_like_keras
 from dali_loader.errors import CorruptImageError
-from dali_loader.feed.checks import DEFAULT_MAX_PIXELS, image_size, prepare, size_problem, sniff
+from dali_loader.feed.checks import over_limit, prepare
 from dali_loader.feed.items import read_bytes
+from dali_loader.formats import png
+from dali_loader.formats.limits import BIG_PNG_PIXELS, DEFAULT_MAX_PIXELS
+from dali_loader.formats.ready import encode_raw
+from dali_loader.formats.sniff import image_size, sniff
 from dali_loader.lazy import import_tf
 from dali_loader.plan import PngDecoder  # noqa: F401 - the decoders are the plan's
 
@@ -105,15 +108,21 @@ class KerasPixels:
         if tally is not None:
             tally.add(what)
 
-    def __call__(self, data: bytes, path: str, tally=None) -> np.ndarray:
-        problem = size_problem(data, self.max_pixels)
-        if problem:
-            raise CorruptImageError(path, problem)
+    def __call__(self, data: bytes, path: str, tally=None,
+                 size: tuple[int, int] | None = None) -> np.ndarray:
+        """Keras's pixels of `data`; `size`: its header's (width, height) when the
+        caller read it (a PNG's IHDR is then not read again here)."""
+        is_png = data[:8] == png.SIGNATURE
+        if self.max_pixels is not None:
+            if size is None:
+                size = png.size(data) if is_png else image_size(data)
+            problem = over_limit(size, self.max_pixels)
+            if problem:
+                raise CorruptImageError(path, problem)
         with self._slots:
-            png = data[:8] == png_cpu.SIGNATURE
-            if png:
+            if is_png:
                 px = self._decode_png(data, self.channels)
-                if not isinstance(px, png_cpu.Fallback):
+                if not isinstance(px, png.Fallback):
                     self._count("png_fast", tally)
                     return px
                 self._count("png_fallbacks", tally)
@@ -138,20 +147,14 @@ class PixelItems:
         pass
 
 
-# PNGs above this many pixels (about 8200x8200) are not decoded on the feed's
-# threads: decoded pixels wait in the read-ahead window, where a few such images
-# would take GBs, and a raw entry is more copies of them (the decoder's, the
-# entry, DALI's). On the DALI path they stay checked bytes: on the CPU, TF decodes
-# them as their batch enters DALI (`dali_batches._Slot`, one copy); on a GPU,
-# DALI's decoder does.
-BIG_PNG_PIXELS = 1 << 26
-
-
 def big_png(data: bytes) -> bool:
-    """Whether `data` is a PNG whose header claims over `BIG_PNG_PIXELS` pixels."""
-    if data[:8] != png_cpu.SIGNATURE:
-        return False
-    size = image_size(data)
+    """Whether `data` is a PNG whose header claims over `BIG_PNG_PIXELS` pixels
+    (why that limit: `formats.limits`; on the CPU, TF decodes such PNGs as their
+    batch enters DALI, `dali_batches.HostPixels`)."""
+    return data[:8] == png.SIGNATURE and _big(png.size(data))
+
+
+def _big(size: tuple[int, int] | None) -> bool:
     return size is not None and size[0] * size[1] > BIG_PNG_PIXELS
 
 
@@ -162,8 +165,10 @@ class RawOrCheckedItems(PixelItems):
 
     def __call__(self, path: str, tally=None) -> bytes:
         data = read_bytes(self.source, path)
-        if data[:8] == png_cpu.SIGNATURE and not big_png(data):
-            return encode_raw(self.pixels(data, path, tally))
+        if data[:8] == png.SIGNATURE:
+            size = png.size(data)  # the header, read once for both limits
+            if not _big(size):
+                return encode_raw(self.pixels(data, path, tally, size=size))
         data = prepare(data, path, rgba=self.pixels.channels == 4,
                        max_pixels=self.pixels.max_pixels)
         if tally is not None and sniff(data) == "jpeg":

@@ -10,7 +10,7 @@ import re
 
 import numpy as np
 
-from dali_loader.decode.ready_forms import RAW_HEADER
+from dali_loader.formats.ready import RAW_HEADER
 from dali_loader.errors import CorruptImageError
 
 
@@ -63,7 +63,7 @@ def labels_like_keras(tf, label_mode: str | None, num_classes: int, x, y):
 
 
 def raw_pixels(data, tf):
-    """The HxWxC uint8 pixels of a `ready_forms.ReadyForm.RAW` entry (a scalar
+    """The HxWxC uint8 pixels of a `formats.ready.ReadyForm.RAW` entry (a scalar
     tf.string): the header's shape, the rest reshaped (no decode)."""
     flat = tf.io.decode_raw(data, tf.uint8)
     shape = tf.bitcast(tf.reshape(flat[4:RAW_HEADER], (3, 4)), tf.uint32)

@@ -18,7 +18,7 @@ import logging
 import threading
 from pathlib import Path
 
-from dali_loader.decode.png_cpu import MAX_PIXELS
+from dali_loader.formats.limits import CORE_MAX_PIXELS
 
 logger = logging.getLogger(__name__)
 
@@ -26,8 +26,8 @@ OP_LIBRARY = Path(__file__).resolve().parent.parent / "native" / "_build" / "dl_
 BUILD_STEP = "python -m dali_loader.native.build_tf (part of `make install`)"
 # Above this many pixels the op leaves a PNG to TF's decoder before sizing any
 # allocation from its header (TF decodes it, or refuses it as Keras would): the
-# core's envelope, named once in png_cpu (the op's attribute default is the same).
-OP_MAX_PIXELS = MAX_PIXELS
+# core's envelope (why: formats.limits; the op's attribute default is the same).
+OP_MAX_PIXELS = CORE_MAX_PIXELS
 
 _lock = threading.Lock()
 _ops = None

@@ -13,114 +13,40 @@ frame (what `tf.io.decode_image(..., expand_animations=False)` returns).
 
 from __future__ import annotations
 
-import functools
 import io
-import os
 import struct
 import zlib
 
 from dali_loader.errors import CorruptImageError
-# The default pixel limit (why 2**30: `plan.DEFAULT_MAX_PIXELS`) and its one check.
-from dali_loader.plan import DEFAULT_MAX_PIXELS, check_max_pixels  # noqa: F401
-
-PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-_PNG_DEPTHS = {0: {1, 2, 4, 8, 16}, 2: {8, 16}, 3: {1, 2, 4, 8}, 4: {8, 16}, 6: {8, 16}}
-_PNG_CRITICAL = (b"IHDR", b"PLTE", b"IDAT", b"IEND")
-HEAD_BYTES = 4096  # enough for the size of a PNG, GIF or BMP, and most JPEGs
+from dali_loader.formats import png
+from dali_loader.formats.limits import DEFAULT_MAX_PIXELS
+from dali_loader.formats.limits import physical_memory as _physical_memory
+from dali_loader.formats.sniff import image_size, read_head, sniff
 
 
-def _jpeg_size(data: bytes) -> tuple[int, int] | None:
-    """(width, height) from a JPEG's first SOF segment, or None if not in `data`."""
-    pos, n = 2, len(data)
-    while pos + 4 <= n:
-        if data[pos] != 0xFF:
-            return None
-        marker = data[pos + 1]
-        if marker == 0xFF:  # fill byte
-            pos += 1
-            continue
-        if marker in (0xD8, 0x01) or 0xD0 <= marker <= 0xD7:  # no length
-            pos += 2
-            continue
-        (length,) = struct.unpack(">H", data[pos + 2:pos + 4])
-        if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
-            if pos + 9 > n:
-                return None
-            h, w = struct.unpack(">HH", data[pos + 5:pos + 9])
-            return w, h
-        if marker == 0xDA:  # scan data before any frame header
-            return None
-        pos += 2 + length
-    return None
-
-
-def image_size(data: bytes) -> tuple[int, int] | None:
-    """(width, height) claimed by the header of a PNG, JPEG, GIF or BMP, or None
-    when `data` (the file, or its first bytes) does not say."""
-    kind = sniff(data)
-    if kind == "png" and len(data) >= 24 and data[12:16] == b"IHDR":
-        return struct.unpack(">II", data[16:24])
-    if kind == "gif" and len(data) >= 10:
-        return struct.unpack("<HH", data[6:10])
-    if kind == "bmp" and len(data) >= 26:
-        (header,) = struct.unpack("<I", data[14:18])
-        if header == 12:  # OS/2 BITMAPCOREHEADER
-            return struct.unpack("<HH", data[18:22])
-        w, h = struct.unpack("<ii", data[18:26])
-        return abs(w), abs(h)
-    if kind == "jpeg":
-        return _jpeg_size(data)
-    return None
-
-
-def size_problem(data: bytes, max_pixels: int | None) -> str | None:
-    """Why the header's image size is refused (over `max_pixels`), or None."""
-    if max_pixels is None:
-        return None
-    size = image_size(data)
-    if size is None or size[0] * size[1] <= max_pixels:
+def over_limit(size: tuple[int, int] | None, max_pixels: int | None) -> str | None:
+    """Why an image of `size` (width, height; None: unknown) is refused (over
+    `max_pixels`), or None."""
+    if max_pixels is None or size is None or size[0] * size[1] <= max_pixels:
         return None
     w, h = size
     return (f"its header claims {w}x{h} = {w * h} pixels, over the limit of {max_pixels} "
             "(max_pixels=; pass a larger max_pixels to load it)")
 
 
-def peek_size_problem(path: str, max_pixels: int | None, offset: int = 0) -> str | None:
-    """`size_problem` of a local file (its image from `offset` on), from its first
-    bytes (the whole file only for a JPEG whose frame header lies further in).
-    Runs once per file and epoch on the CPU default: plain `os` calls, no file object."""
+def size_problem(data: bytes, max_pixels: int | None) -> str | None:
+    """Why the header's image size is refused (over `max_pixels`), or None."""
     if max_pixels is None:
         return None
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        head = os.pread(fd, HEAD_BYTES, offset)
-        if sniff(head) == "jpeg" and _jpeg_size(head) is None and len(head) == HEAD_BYTES:
-            head += _read_from(fd, offset + HEAD_BYTES)
-    finally:
-        os.close(fd)
-    return size_problem(head, max_pixels)
+    return over_limit(image_size(data), max_pixels)
 
 
-def _read_from(fd: int, offset: int) -> bytes:
-    """The rest of an open file from `offset` on."""
-    parts = []
-    while part := os.pread(fd, 1 << 20, offset):
-        parts.append(part)
-        offset += len(part)
-    return b"".join(parts)
-
-
-def sniff(data: bytes) -> str | None:
-    """Returns "png", "jpeg", "gif", "bmp", or None for unknown content."""
-    if data.startswith(PNG_SIGNATURE):
-        return "png"
-    if data[:3] == b"\xff\xd8\xff":
-        return "jpeg"
-    if data[:6] in (b"GIF87a", b"GIF89a"):
-        return "gif"
-    if data[:2] == b"BM":
-        return "bmp"
-    return None
+def peek_size_problem(path: str, max_pixels: int | None, offset: int = 0) -> str | None:
+    """`size_problem` of a local file (its image from `offset` on), from its first
+    bytes (`formats.sniff.read_head`)."""
+    if max_pixels is None:
+        return None
+    return size_problem(read_head(path, offset), max_pixels)
 
 
 def check_png(data: bytes) -> str | None:
@@ -129,67 +55,50 @@ def check_png(data: bytes) -> str | None:
 
 
 def walk_png(data: bytes) -> tuple[str | None, list[tuple[int, int]]]:
-    """Walks the PNG chunks: (what is wrong or None, the byte ranges of ancillary
-    chunks whose CRC is wrong, which libpng drops with a warning)."""
-    pos, seen_idat, n = len(PNG_SIGNATURE), False, len(data)
-    first, color, seen_plte = True, None, False
+    """Walks the PNG chunks (`formats.png`) with libpng's rules: (what is wrong or
+    None, the byte ranges of ancillary chunks whose CRC is wrong, which libpng
+    drops with a warning)."""
+    return _walk_png(data)[:2]
+
+
+def _walk_png(data: bytes) -> tuple[str | None, list[tuple[int, int]], png.Ihdr | None]:
+    """`walk_png`, and the IHDR it read (None before one passed)."""
+    h, seen_idat, seen_plte = None, False, False
     damaged: list[tuple[int, int]] = []
-    while True:
-        problem = _next_chunk(data, pos, n)
-        if isinstance(problem, str):
-            if damaged and pos == n:  # the damaged chunk was what should have ended it
-                at = damaged[-1][0]
-                problem = f"CRC mismatch in the {data[at + 4:at + 8].decode('latin-1')!r} chunk"
-            return problem, damaged
-        length, ctype, end, crc_ok = problem
-        if not crc_ok:
-            if first or ctype[0] & 0x20 == 0:  # critical: libpng refuses the file
-                return f"CRC mismatch in the {ctype.decode('latin-1')!r} chunk", damaged
-            damaged.append((pos, end))
-            pos = end
-            continue
-        if first:
-            if ctype != b"IHDR" or length != 13:
-                return "the first chunk is not IHDR", damaged
-            w, h, depth, color, comp, filt, inter = struct.unpack(
-                ">IIBBBBB", data[pos + 8 : pos + 21]
-            )
-            if w == 0 or h == 0:
-                return f"zero image size {w}x{h}", damaged
-            if w > 0x7FFFFFFF or h > 0x7FFFFFFF:
-                return f"invalid image size {w}x{h}", damaged
-            if color not in _PNG_DEPTHS:
-                return f"invalid colour type {color}", damaged
-            if depth not in _PNG_DEPTHS[color]:
-                return f"invalid bit depth {depth} for colour type {color}", damaged
-            if comp or filt or inter > 1:
-                return "invalid compression, filter or interlace method", damaged
-            first = False
-        elif ctype == b"PLTE":
-            seen_plte = True
-        elif ctype == b"IDAT":
-            if color == 3 and not seen_plte:
-                return "a palette image without a PLTE chunk before its IDAT", damaged
-            seen_idat = True
-        elif ctype == b"IEND":
-            return (None if seen_idat else "no IDAT chunk"), damaged
-        elif ctype[0] & 0x20 == 0 and ctype not in _PNG_CRITICAL:
-            return f"unknown critical chunk {ctype.decode('latin-1')!r}", damaged
-        pos = end
-
-
-def _next_chunk(data: bytes, pos: int, n: int):
-    """(length, type, end, CRC ok) of the chunk at `pos`, or what is wrong."""
-    if pos + 8 > n:
-        return "truncated (no IEND chunk)"
-    length, ctype = struct.unpack(">I4s", data[pos : pos + 8])
-    end = pos + 12 + length
-    if length > 0x7FFFFFFF or end > n:
-        return f"truncated inside the {ctype!r} chunk"
-    if not ctype.isalpha():  # libpng: "invalid chunk type"
-        return f"invalid chunk type {ctype!r}"
-    crc = struct.unpack(">I", data[end - 4 : end])[0]
-    return length, ctype, end, zlib.crc32(data[pos + 4 : end - 4]) == crc
+    try:
+        for pos, length, ctype, end in png.chunks(data):
+            if not ctype.isalpha():  # libpng: "invalid chunk type"
+                return f"invalid chunk type {ctype!r}", damaged, h
+            if not png.crc_ok(data, pos, end):
+                if h is None or png.critical(ctype):  # critical: libpng refuses the file
+                    return f"CRC mismatch in the {ctype.decode('latin-1')!r} chunk", damaged, h
+                damaged.append((pos, end))
+                continue
+            if h is None:
+                if ctype != b"IHDR" or length != 13:
+                    return "the first chunk is not IHDR", damaged, h
+                h = png.unpack_ihdr(png.body(data, pos, end))
+                problem = png.ihdr_problem(h)
+                if problem:
+                    return problem, damaged, h
+            elif ctype == b"PLTE":
+                seen_plte = True
+            elif ctype == b"IDAT":
+                if h.color_type == png.PALETTE and not seen_plte:
+                    return "a palette image without a PLTE chunk before its IDAT", damaged, h
+                seen_idat = True
+            elif ctype == b"IEND":
+                return (None if seen_idat else "no IDAT chunk"), damaged, h
+            elif png.critical(ctype) and ctype not in png.CRITICAL:
+                return f"unknown critical chunk {ctype.decode('latin-1')!r}", damaged, h
+    except png.ChunkError as e:
+        if e.type is None:
+            return "truncated (no IEND chunk)", damaged, h
+        return f"truncated inside the {e.type!r} chunk", damaged, h
+    if damaged:  # the data ended after a damaged chunk: it was what should have ended it
+        at = damaged[-1][0]
+        return f"CRC mismatch in the {data[at + 4:at + 8].decode('latin-1')!r} chunk", damaged, h
+    return "truncated (no IEND chunk)", damaged, h
 
 
 def _drop(data: bytes, ranges: list[tuple[int, int]]) -> bytes:
@@ -217,19 +126,6 @@ def gif_to_png(data: bytes) -> bytes:
     return out.getvalue()
 
 
-def _png_chunk(data: bytes, ctype: bytes) -> bytes | None:
-    """The payload of the first `ctype` chunk before IDAT (chunks already CRC-checked)."""
-    pos = len(PNG_SIGNATURE)
-    while pos + 8 <= len(data):
-        length, kind = struct.unpack(">I4s", data[pos : pos + 8])
-        if kind == ctype:
-            return data[pos + 8 : pos + 8 + length]
-        if kind in (b"IDAT", b"IEND"):
-            return None
-        pos += 12 + length
-    return None
-
-
 def _png_needs_rgba_help(data: bytes) -> bool:
     """True for PNGs whose RGBA DALI's any-channel decode does not give like TF.
 
@@ -237,8 +133,8 @@ def _png_needs_rgba_help(data: bytes) -> bool:
     or rejects that alpha) and 16-bit images (DALI rounds to 8 bits, libpng as TF
     calls it keeps the high byte).
     """
-    depth, color = data[24], data[25]
-    return color in (0, 3, 4) or depth == 16 or _png_chunk(data, b"tRNS") is not None
+    h = png.ihdr(data)
+    return h.color_type in (0, 3, 4) or h.depth == 16 or png.first(data, b"tRNS") is not None
 
 
 def _rgb16_low_bytes(data: bytes):
@@ -266,8 +162,9 @@ def decode_rgba_like_tf(data: bytes):
     import numpy as np
     from PIL import Image
 
-    depth, color = data[24], data[25]
-    trns = _png_chunk(data, b"tRNS")
+    h = png.ihdr(data)
+    depth, color = h.depth, h.color_type
+    trns = png.first(data, b"tRNS")
     filler = ((1 << depth) - 1) & 0xFF
     with Image.open(io.BytesIO(data)) as im:
         im.load()
@@ -309,7 +206,6 @@ def decode_rgba_like_tf(data: bytes):
     return np.ascontiguousarray(out, dtype=np.uint8)
 
 
-_CHANNELS = {0: 1, 2: 3, 3: 1, 4: 2, 6: 4}
 _ADAM7 = ((0, 0, 8, 8), (4, 0, 8, 8), (0, 4, 4, 8), (2, 0, 4, 4), (0, 2, 2, 4), (1, 0, 2, 2),
           (0, 1, 1, 2))
 
@@ -333,20 +229,12 @@ def png_data_problem(data: bytes) -> str | None:
     """What libpng (TF's decoder) refuses in a sound-looking PNG's image data and
     Pillow lets through: a stream that ends before the last row, or a row filter
     type over 4. For PNGs decoded by Pillow (the rgba path's conversions)."""
-    w, h, depth, color, _, _, inter = struct.unpack(">IIBBBBB", data[16:29])
-    lines = _scanlines(w, h, depth * _CHANNELS[color], inter == 1)
+    h = png.ihdr(data)
+    lines = _scanlines(h.width, h.height, h.depth * png.SAMPLES[h.color_type], h.interlace == 1)
     need = sum(rows * size for rows, size in lines)
-    stream, pos = [], len(PNG_SIGNATURE)
-    while pos + 8 <= len(data):
-        length, ctype = struct.unpack(">I4s", data[pos:pos + 8])
-        if ctype == b"IDAT":
-            stream.append(data[pos + 8:pos + 8 + length])
-        elif ctype == b"IEND":
-            break
-        pos += 12 + length
     inflate = zlib.decompressobj()
     try:
-        raw = inflate.decompress(b"".join(stream), need)
+        raw = inflate.decompress(b"".join(png.idat(data)), need)
     except zlib.error as e:
         return f"bad image data ({e})"
     if len(raw) < need:
@@ -391,14 +279,6 @@ def _nvimgcodec():
     except ImportError:
         return None
     return nvimgcodec
-
-
-@functools.cache
-def _physical_memory() -> int | None:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):  # pragma: no cover - not Linux
-        return None
 
 
 def decoder_header_problem(data: bytes) -> str | None:
@@ -461,13 +341,16 @@ def _prepared(data: bytes, path: str, rgba: bool, max_pixels: int | None) -> byt
         raise CorruptImageError(
             path, "not a JPEG, PNG, GIF or BMP image (unknown file signature)"
         )
-    if kind == "png":
-        problem, damaged = walk_png(data)
+    if kind == "png":  # the walk reads the header: its size, once
+        problem, damaged, h = _walk_png(data)
         if problem:
             raise CorruptImageError(path, problem)
         if damaged:  # what libpng does: drop them, decode the rest
             data = _drop(data, damaged)
-    problem = size_problem(data, max_pixels)
+        size = (h.width, h.height)
+    else:
+        size = image_size(data, kind)
+    problem = over_limit(size, max_pixels)
     if problem:
         raise CorruptImageError(path, problem)
     if kind == "png":

@@ -26,13 +26,9 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from dali_loader.errors import CorruptImageError, UnreadableFileError
-from dali_loader.feed.checks import (
-    DEFAULT_MAX_PIXELS,
-    peek_size_problem,
-    prepare,
-    size_problem,
-    sniff,
-)
+from dali_loader.feed.checks import peek_size_problem, prepare, size_problem
+from dali_loader.formats.limits import DEFAULT_MAX_PIXELS
+from dali_loader.formats.sniff import sniff
 from dali_loader.storage.objects import ObjectFetchError
 
 

@@ -2,7 +2,7 @@
 
 The first time a file is read, its pixels are decoded exactly as Keras does
 (the `decode` callable the caller gives: TF's kernels) and re-encoded
-losslessly (`decode.ready_forms`) into the source's disk cache. Later reads,
+losslessly (`formats.ready`) into the source's disk cache. Later reads,
 in any epoch and any process sharing the cache, take the entry instead and
 never decode the file on the CPU again.
 
@@ -40,9 +40,9 @@ from typing import Any
 
 import numpy as np
 
-from dali_loader.decode.ready_forms import ReadyForm, encode_parts, join_parts
 from dali_loader.errors import UnreadableFileError
 from dali_loader.feed.items import OpenEntry, read_errors
+from dali_loader.formats.ready import ReadyForm, encode_parts, join_parts
 from dali_loader.storage.cache import DerivedMeta, DiskCache, WriteFailures
 
 logger = logging.getLogger(__name__)

@@ -54,9 +54,10 @@ import time
 import uuid
 from typing import Iterator, Protocol
 
+from dali_loader.formats import cache_entry
+
 logger = logging.getLogger(__name__)
 
-_MAGIC = b"DLC1"
 _LOW_WATERMARK = 0.9  # evict down to this fraction of max_bytes
 _TOUCH_EVERY_S = 60.0
 _SYNC_EVERY = 256  # writes between updates of the shared usage file
@@ -86,6 +87,22 @@ class DerivedMeta:
     size: None = None
     crc32c: None = None
     md5: None = None
+
+
+def _header_problem(header: dict, bucket: str, meta: ObjectMeta, payload: int) -> str | None:
+    """Why an entry's header does not vouch for ``meta`` and a payload of ``payload``
+    bytes, or None: the one rule of both readers (`get`, `check_open`)."""
+    size = header.get("size")
+    if (header.get("bucket"), header.get("name"), header.get("generation")) != \
+            (bucket, meta.name, meta.generation):
+        return "header does not match the object"
+    if not isinstance(size, int) or (meta.size is not None and size != meta.size):
+        return "wrong size in the header"
+    if isinstance(meta, DerivedMeta) and not header.get("crc32c"):
+        return "no checksum in the header"
+    if payload != size:
+        return f"partial or wrong size: {payload} of {size} bytes"
+    return None
 
 
 _CRC_STEP = 64 << 20  # bytes per CRC32C update: a large entry is never copied whole
@@ -293,29 +310,19 @@ class DiskCache:
         whole, so a changed size is what a torn or foreign file shows."""
         try:
             head = os.pread(fd, 4096, 0)
+            end = cache_entry.header_end(head)
             problem = "bad header"
-            if len(head) >= 8 and head[:4] == _MAGIC:
-                (hlen,) = struct.unpack(">I", head[4:8])
-                if 8 + hlen > len(head):
-                    head = os.pread(fd, 8 + hlen, 0)
-                header = json.loads(head[8: 8 + hlen])
-                size = header.get("size")
-                problem = None
-                if (header.get("bucket"), header.get("name"), header.get("generation")) != \
-                        (bucket, meta.name, meta.generation):
-                    problem = "header does not match the object"
-                elif not isinstance(size, int) or (meta.size is not None and size != meta.size):
-                    problem = "wrong size in the header"
-                elif isinstance(meta, DerivedMeta) and not header.get("crc32c"):
-                    problem = "no checksum in the header"
-                elif os.fstat(fd).st_size != 8 + hlen + size:
-                    problem = f"partial or wrong size: {os.fstat(fd).st_size - 8 - hlen} of {size} bytes"
+            if end is not None:
+                if end > len(head):
+                    head = os.pread(fd, end, 0)
+                problem = _header_problem(cache_entry.read_header(head, end), bucket, meta,
+                                          os.fstat(fd).st_size - end)
         except (OSError, ValueError) as e:
             problem = f"unreadable header ({e})"
         if problem:
             self._discard(path, meta.name, bucket, problem, 0)
             return None
-        return 8 + hlen
+        return end
 
     def touch_fd(self, fd: int) -> None:
         """Refreshes the LRU time (mtime) of the entry open as ``fd``."""
@@ -381,24 +388,22 @@ class DiskCache:
             self._sync_usage()
 
     def _decode(self, blob, bucket: str, meta: ObjectMeta) -> tuple[str | None, bytes]:
-        if len(blob) < 8 or blob[:4] != _MAGIC:
-            return "bad header", b""
-        (hlen,) = struct.unpack(">I", blob[4:8])
+        end = cache_entry.header_end(blob)
         try:
-            header = json.loads(bytes(blob[8: 8 + hlen]))
+            header = cache_entry.read_header(blob, end) if end is not None else None
         except ValueError:
+            header = None
+        if header is None:
             return "bad header", b""
-        if (header.get("bucket"), header.get("name"), header.get("generation")) != (bucket, meta.name, meta.generation):
-            return "header does not match the object", b""
-        data = blob[8 + hlen:]
-        size, crc32c, md5 = meta.size, meta.crc32c, meta.md5
-        if isinstance(meta, DerivedMeta):  # checked against what was written
-            size, crc32c, md5 = header.get("size"), header.get("crc32c"), None
-            if not crc32c:
-                return "no checksum in the header", b""
-        if len(data) != size or header.get("size") != size:
-            return f"partial or wrong size: {len(data)} of {size} bytes", b""
+        data = blob[end:]
+        problem = _header_problem(header, bucket, meta, len(data))
+        if problem:
+            return problem, b""
         if self.verify_on_hit or isinstance(meta, DerivedMeta):
+            if isinstance(meta, DerivedMeta):  # checked against what was written
+                size, crc32c, md5 = header["size"], header["crc32c"], None
+            else:
+                size, crc32c, md5 = meta.size, meta.crc32c, meta.md5
             problem = checksum_problem(data, size, crc32c, md5)
             if problem:
                 return problem, b""
@@ -415,13 +420,14 @@ class DiskCache:
         if self.read_only or size > self.max_bytes * _LOW_WATERMARK:
             return False
         crc32c = _crc32c(data) if isinstance(meta, DerivedMeta) else meta.crc32c
-        header = json.dumps({"bucket": bucket, "name": meta.name, "generation": meta.generation,
-                             "size": size, "crc32c": crc32c, "md5": meta.md5}).encode()
+        header = cache_entry.pack_header({"bucket": bucket, "name": meta.name,
+                                          "generation": meta.generation, "size": size,
+                                          "crc32c": crc32c, "md5": meta.md5})
         path = self.path_for(bucket, meta)
         tmp = os.path.join(self._tmp, f"{os.getpid()}.{uuid.uuid4().hex}.tmp")
         try:
             with open(tmp, "wb") as f:
-                f.write(_MAGIC + struct.pack(">I", len(header)) + header)
+                f.write(header)
                 for part in parts:
                     f.write(part)
                 if self.fsync:
@@ -430,15 +436,15 @@ class DiskCache:
             os.makedirs(os.path.dirname(path), exist_ok=True)
             os.replace(tmp, path)
             if remember:
-                self._remember(path, (8 + len(header), size))
+                self._remember(path, (len(header), size))
         except BaseException:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
             raise
         with self._mutex:
-            self._approx_bytes += 8 + len(header) + size
-            self._delta += 8 + len(header) + size
-            self._added += 8 + len(header) + size
+            self._approx_bytes += len(header) + size
+            self._delta += len(header) + size
+            self._added += len(header) + size
             self._writes += 1
             over = self._approx_bytes > self.max_bytes
             sync = self._writes % _SYNC_EVERY == 0

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 
-from dali_loader.feed.checks import sniff
+from dali_loader.formats.sniff import sniff
 
 # TF's decoders behind tf.io.decode_image, by format (what the CPU default runs).
 TF_DECODERS = {"JPEG": "libjpeg-turbo", "GIF": "giflib", "BMP": "TF's BMP decoder"}
@@ -21,7 +21,7 @@ FORMATS = ("PNG", "JPEG", "GIF", "BMP")
 
 def sniff_format(data: bytes) -> str:
     """The image format of `data` from its first bytes: "PNG", "JPEG", "GIF", "BMP" or "other"
-    (the feed's `checks.sniff`, in the names reports print)."""
+    (`formats.sniff.sniff`, in the names reports print)."""
     kind = sniff(data)
     return "other" if kind is None else kind.upper()
 

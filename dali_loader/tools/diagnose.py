@@ -16,7 +16,7 @@ tf.data-style bounds use libpng; the loader's use the decoder it runs (``png_dec
 default the native core where its TF op is built, else libpng).
 
 When decode bounds the pipeline, a cached epoch of the GPU-ready cache (``gpu_ready=True``) is
-timed too: the sample's raw-pixel entries (``ready_forms.encode_raw``, the TF path's form) read
+timed too: the sample's raw-pixel entries (``formats.ready.encode_raw``, the TF path's form) read
 back and resized with TF's kernels (``tf_kernels.decode_ready_like_keras``), on all cores. After
 its first epoch the cache does no PNG decode; the advice compares the two rates.
 """
@@ -394,12 +394,12 @@ def _wuffs_kernel(libpng: Callable[[bytes], Any],
                   wuffs_png: Callable[[bytes, int], Any]) -> Callable[[bytes], Any]:
     """The loader's PNG decode with Wuffs (``png_stage.KerasPixels``' rule): a PNG by
     ``wuffs_png``, what it leaves (a ``Fallback``) and other files by ``libpng``."""
-    from dali_loader.decode import png_cpu
+    from dali_loader.formats import png
 
     def decode(data: bytes):
-        if data[:8] == png_cpu.SIGNATURE:
+        if data[:8] == png.SIGNATURE:
             px = wuffs_png(data, 3)
-            if not isinstance(px, png_cpu.Fallback):
+            if not isinstance(px, png.Fallback):
                 return px
         return libpng(data)
 
@@ -409,10 +409,10 @@ def _wuffs_kernel(libpng: Callable[[bytes], Any],
 def _png_counts(blobs: Sequence[bytes], wuffs_png: Callable[[bytes, int], Any]
                 ) -> tuple[int, int]:
     """(PNGs among ``blobs``, those Wuffs leaves to libpng)."""
-    from dali_loader.decode import png_cpu
+    from dali_loader.formats import png
 
-    pngs = [b for b in blobs if b[:8] == png_cpu.SIGNATURE]
-    return len(pngs), sum(isinstance(wuffs_png(b, 3), png_cpu.Fallback) for b in pngs)
+    pngs = [b for b in blobs if b[:8] == png.SIGNATURE]
+    return len(pngs), sum(isinstance(wuffs_png(b, 3), png.Fallback) for b in pngs)
 
 
 def _check_decoder_option(png_decoder: str | None) -> None:
@@ -452,7 +452,7 @@ def _cached_kernel(image_size: Sequence[int]):
         return None
     import numpy as np
 
-    from dali_loader.decode.ready_forms import encode_raw
+    from dali_loader.formats.ready import encode_raw
     from dali_loader.decode.spec import ImageSpec
     from dali_loader.decode.tf_kernels import decode_ready_like_keras
 

@@ -287,7 +287,7 @@ def prepare_data(num_photos: int, full_ref_photos: int, pngsuite: str) -> dict:
     import tensorflow as tf
     import tifffile
 
-    from dali_loader.decode import ready_forms
+    from dali_loader.formats import ready as ready_forms
     from dali_loader.tools.sample import make_sample_dataset
 
     log(f"== data: {num_photos} sample photos, PngSuite from {pngsuite}")
@@ -377,7 +377,7 @@ def prepare_data(num_photos: int, full_ref_photos: int, pngsuite: str) -> dict:
         "pngsuite": {"dir": os.path.relpath(pngsuite, REPO) if pngsuite.startswith(REPO) else pngsuite,
                      "files": len(suite_names)},
         "photos": {"count": num_photos, "png_bytes": png_bytes, "full_refs": full_ref_photos},
-        "encode": {"function": "dali_loader.decode.ready_forms.encode_tiff",
+        "encode": {"function": "dali_loader.formats.ready.encode_tiff",
                    "level": ready_forms.TIFF_LEVEL, "strip_bytes": ready_forms.STRIP_BYTES},
         "reference": "tf.io.decode_image(png, channels=C, expand_animations=False)",
         "versions": {"tensorflow": tf.__version__, "tifffile": tifffile.__version__,

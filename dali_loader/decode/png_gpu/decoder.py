@@ -28,7 +28,8 @@ import numpy as np
 
 from dali_loader.decode.png_gpu.inflate import InflateBackend
 from dali_loader.decode.png_gpu.pack import ADLER_THREADS, BAD_FILTER, BAD_INDEX, pack
-from dali_loader.decode.png_gpu.parse import PALETTE, RGB, RGBA, Fallback, PngLayout, parse_png
+from dali_loader.decode.png_gpu.parse import Fallback, PngLayout, parse_png
+from dali_loader.formats.png import PALETTE, RGB, RGBA
 from dali_loader.lazy import import_cupy, import_numba_cuda
 
 CHANNELS = (1, 3, 4)

@@ -15,26 +15,15 @@ from __future__ import annotations
 
 import dataclasses
 import struct
-import zlib
 
-SIGNATURE = b"\x89PNG\r\n\x1a\n"
+from dali_loader.formats import png
+from dali_loader.formats.png import GREY, PALETTE, RGB, SIGNATURE, Fallback
+
 # Bytes per pixel in the filtered stream, per PNG colour type (8-bit samples).
-SAMPLES = {0: 1, 2: 3, 3: 1, 4: 2, 6: 4}
-GREY, RGB, PALETTE, GREY_ALPHA, RGBA = 0, 2, 3, 4, 6
+SAMPLES = png.SAMPLES
 # libpng's RGB -> grey conversion goes through gamma tables when the file's gamma
-# is significant (png_gamma_significant: more than 5% from 1.0); sRGB implies
-# gamma 1/2.2 and iCCP may carry one. Such files go to the CPU in grayscale mode.
-# (cHRM would set the grey weights, but TF sets them itself.)
-GAMMA_CHUNKS = (b"sRGB", b"iCCP")
-GAMMA_ONE, GAMMA_THRESHOLD = 100000, 5000
-KNOWN_CRITICAL = (b"IHDR", b"PLTE", b"IDAT", b"IEND")
-
-
-@dataclasses.dataclass(frozen=True)
-class Fallback:
-    """A file the batched decoder leaves to the CPU decoder, and why."""
-
-    reason: str
+# is significant (`formats.png.gamma_significant`); such files go to the CPU in
+# grayscale mode. (cHRM would set the grey weights, but TF sets them itself.)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,23 +70,20 @@ class PngLayout:
 
 
 def _chunks(data: bytes):
-    """(type, payload) of every chunk; raises ValueError on a broken chunk."""
-    mv = memoryview(data)
-    pos, n = len(SIGNATURE), len(data)
-    while pos < n:
-        if pos + 12 > n:
-            raise ValueError("truncated chunk")
-        length, ctype = struct.unpack_from(">I4s", data, pos)
-        end = pos + 12 + length
-        if length > 0x7FFFFFFF or end > n:
-            raise ValueError(f"chunk {ctype!r} runs past the end of the file")
-        crc = struct.unpack_from(">I", data, end - 4)[0]
-        if zlib.crc32(mv[pos + 4:end - 4]) != crc:
-            raise ValueError(f"CRC error in chunk {ctype!r}")
-        yield ctype, mv[pos + 8:end - 4]
-        if ctype == b"IEND":
-            return
-        pos = end
+    """(type, payload, position) of every chunk, each CRC checked; raises
+    ValueError on a broken chunk."""
+    n = len(data)
+    try:
+        for pos, length, ctype, end in png.chunks(data):
+            if not png.crc_ok(data, pos, end):
+                raise ValueError(f"CRC error in chunk {ctype!r}")
+            yield ctype, png.body(data, pos, end), pos
+            if ctype == b"IEND":
+                return
+    except png.ChunkError as e:
+        if e.pos + 12 > n:
+            raise ValueError("truncated chunk") from None
+        raise ValueError(f"chunk {e.type!r} runs past the end of the file") from None
     raise ValueError("no IEND chunk")
 
 
@@ -120,13 +106,13 @@ def parse_png(data: bytes) -> PngLayout | Fallback:
     gamma_significant = False
     idat_done = False
     try:
-        for ctype, body in _chunks(data):
+        for ctype, body, pos in _chunks(data):
             if ihdr is None and ctype != b"IHDR":
                 return Fallback("first chunk is not IHDR")
             if ctype == b"IHDR":
                 if ihdr is not None or len(body) != 13:
                     return Fallback("bad IHDR")
-                ihdr = struct.unpack(">IIBBBBB", body)
+                ihdr = png.unpack_ihdr(body)
             elif ctype == b"IDAT":
                 if idat_done:
                     return Fallback("IDAT chunks not consecutive")
@@ -143,12 +129,9 @@ def parse_png(data: bytes) -> PngLayout | Fallback:
                 if trns is not None:
                     return Fallback("two tRNS chunks")
                 trns = bytes(body)
-            elif ctype in GAMMA_CHUNKS:
+            elif png.gamma_significant(data, pos, len(body), ctype):
                 gamma_significant = True
-            elif ctype == b"gAMA":
-                g = struct.unpack(">I", body)[0] if len(body) == 4 else 0
-                gamma_significant |= abs(g - GAMMA_ONE) > GAMMA_THRESHOLD
-            elif ctype[0] < 97 and ctype not in KNOWN_CRITICAL:  # upper case: critical
+            elif ctype[0] < 97 and ctype not in png.CRITICAL:  # upper case: critical
                 return Fallback(f"unknown critical chunk {ctype!r}")
     except ValueError as e:
         return Fallback(str(e))
