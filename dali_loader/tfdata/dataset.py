@@ -29,7 +29,7 @@ from dali_loader.decode.dali_graph import Input, default_num_threads
 from dali_loader.decode.png_batches import PngBatches
 from dali_loader.decode.png_stage import KerasPixels, RawOrCheckedItems
 from dali_loader.decode.spec import ImageSpec
-from dali_loader.decode.ready_forms import ReadyForm
+from dali_loader.formats.ready import ReadyForm
 from dali_loader.decode.tf_kernels import labels_like_keras, pixels_like_keras
 from dali_loader.errors import CorruptImageError
 from dali_loader.feed.checks import size_problem

@@ -15,7 +15,7 @@ import os
 import numpy as np
 
 from dali_loader.decode.dali_graph import default_num_threads
-from dali_loader.decode.ready_forms import RAW_HEADER, decode_raw, raw_shape
+from dali_loader.formats.ready import RAW_HEADER, decode_raw, raw_shape
 from dali_loader.decode.spec import ImageSpec
 from dali_loader.decode.tf_kernels import resize_problem, resize_ready_batch
 from dali_loader.errors import UnresizableImageError
