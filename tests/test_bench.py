@@ -135,7 +135,7 @@ def test_bench_writes_three_files(tiny_tree, tmp_path, capsys):
 
     fill = "wuffs" if png_cpu.available() else "libpng"
     each = resolve(Options(device="cpu"),
-                   probes.environment(SourceKind.LOCAL_DISK, [])).png_epoch.value
+                   probes.environment(SourceKind.LOCAL_DISK, ["a.png"])).png_epoch.value
     assert all(by[n]["png_decoder"] == (fill if n.endswith("-cached") else each)
                for n in names if n.startswith("loader-cpu"))
     assert res["png_decoder"] is None
