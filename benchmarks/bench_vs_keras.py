@@ -23,7 +23,8 @@ the time to the first batch of a fresh iterator (`next(iter(ds))`), best of the 
 
 `--fixed-cost` measures what every iteration costs beyond its images, on 16 tiny (32x32)
 JPEGs: the CPU time of `iter(ds)` alone and the wall time of a whole epoch, best and
-median of `--epochs` alternating rounds:
+median of `--epochs` alternating rounds; then `iter()`'s CPU time for each stage of the
+pipeline (each `_input_dataset` down the chain):
 
     .venv/bin/python benchmarks/bench_vs_keras.py --fixed-cost --epochs 30
 """
@@ -104,8 +105,27 @@ def run(root: str, epochs: int) -> dict:
     return {"files": n, "rate": rate, "first": first}
 
 
+def iter_stages(ds, rounds: int) -> list[tuple[str, float]]:
+    """`iter()` CPU seconds of the calling thread (median of `rounds`) of each dataset
+    down `ds`'s chain, outermost first: a stage's own cost is the step from the one below
+    it (each map's function is instantiated again for every iterator, in this thread;
+    the threads an iterator starts are not counted)."""
+    out = []
+    while ds is not None:
+        times = []
+        for _ in range(rounds):
+            c = time.thread_time()
+            it = iter(ds)
+            times.append(time.thread_time() - c)
+            del it
+        out.append((type(ds).__name__.lstrip("_"), sorted(times)[len(times) // 2]))
+        ds = getattr(ds, "_input_dataset", None)
+    return out
+
+
 def fixed_cost(root: str, rounds: int) -> dict:
-    """Per iteration, both loaders alternating: `iter()` CPU seconds, whole-epoch seconds."""
+    """Per iteration, both loaders alternating: `iter()` CPU seconds, whole-epoch seconds;
+    and the `iter()` CPU of each stage (`iter_stages`)."""
     import keras
 
     from tf_adapter import image_dataset_from_directory as ours
@@ -136,6 +156,8 @@ def fixed_cost(root: str, rounds: int) -> dict:
                 pass
             del it
             out[k]["epoch"].append(time_epoch(ds)[0])
+    for k in ("keras", "ours"):
+        out[k]["stages"] = iter_stages(loaders[k], max(3, rounds))
     return out
 
 
@@ -187,6 +209,13 @@ def main(argv: list[str] | None = None) -> int:
             i, e = sorted(v["iter_cpu"]), sorted(v["epoch"])
             print(f"| {k} | {i[0] * 1e3:.1f} / {i[len(i) // 2] * 1e3:.1f} "
                   f"| {e[0] * 1e3:.1f} / {e[len(e) // 2] * 1e3:.1f} |")
+        print("\n`iter()` CPU ms of the calling thread by stage, median, outermost first (a "
+              "stage's own cost is the step from the one below):")
+        print("| loader | stage | iter() CPU ms |")
+        print("|---|---|---:|")
+        for k, v in r.items():
+            for name, s in v.get("stages", []):
+                print(f"| {k} | {name} | {s * 1e3:.2f} |")
         return 0
     if a.child:
         print(json.dumps(run(a.data, a.epochs)))

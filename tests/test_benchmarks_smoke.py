@@ -58,6 +58,7 @@ BACKGROUND = {
     "test_epoch_startup": ("epoch_startup.py", "--num-images", "8", "--epochs", "2"),
     "test_bench_vs_keras": ("bench_vs_keras.py", "--format", "png", "--sizes", "8",
                             "--epochs", "1"),
+    "test_bench_vs_keras_fixed_cost": ("bench_vs_keras.py", "--fixed-cost", "--epochs", "1"),
     "test_bench_png_core": ("bench_png_core.py", "--images", "4", "--rounds", "1"),
     "test_bench_gcs": ("bench_gcs.py", "--objects", "6", "--size", "2000", "--latency",
                        "0.001", "--threads", "4", "--listing", "40", "--repeat", "1",
@@ -301,6 +302,13 @@ def test_bench_scale():
 def test_bench_vs_keras():
     out = background("test_bench_vs_keras")
     has_row(out, r"^\| 8 \| default \| NUM \| NUM \| NUM")
+
+
+def test_bench_vs_keras_fixed_cost():
+    out = background("test_bench_vs_keras_fixed_cost")
+    has_row(out, r"^\| ours \| NUM / NUM \| NUM / NUM \|$")
+    has_row(out, r"^\| keras \| ParallelMapDataset \| NUM \|$")
+    has_row(out, r"^\| ours \| SingleDeviceEnds \| NUM \|$")
 
 
 def test_gpu_ready_forms():
