@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from helpers import choose_cuda_simulator, fast_simulator
+from helpers import choose_cuda_simulator, fast_simulator, on_a_gpu
 
 choose_cuda_simulator()
 cuda = pytest.importorskip("numba.cuda")
@@ -189,13 +189,10 @@ def test_corrupt_files_left_out_and_recorded_under_skip(pngs, tf):
 
 def test_verified_on_a_gpu_yet_opt_in_and_channels_checked():
     """The H200 run (docs/png_gpu.md) verified it; the plan still picks it only when asked."""
-    from dali_loader.plan import Environment, Options, PngWhere, resolve
-    from dali_loader.storage.source import SourceKind
+    from dali_loader.plan import Options, PngWhere, resolve
 
     assert PNG_GPU_VERIFIED is True
-    gpu = Environment(tf_gpus=1, dali_gpus=1, tf_png_op=True, dali_png_op=True, wuffs=True,
-                      dali_tf_plugin=True, source_kind=SourceKind.LOCAL_DISK, has_jpegs=False,
-                      has_pngs=True)
+    gpu = on_a_gpu()  # everything built, a local folder of PNGs
     assert resolve(Options(), gpu).png_where is not PngWhere.GPU
     assert resolve(Options(png_decoder="gpu"), gpu).png_where is PngWhere.GPU
     with pytest.raises(ValueError, match="Received: channels=2"):
