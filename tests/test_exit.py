@@ -171,8 +171,9 @@ for _ in range(epochs):
 @pytest.mark.parametrize("how", ["tf", "dali"])
 def test_rss_stays_flat_over_many_epochs_on_the_dali_path(how, busy_tree):
     """25 epochs of decoder="dali" through TF, and of its DALI batches alone: the
-    median RSS of the last 5 epochs is at most 8 MB over that of epochs 3-7.
-    Measured: 1-3 MB; before glibc's trim threshold was set, DALI alone grew 34 MB
+    median RSS of the last 5 epochs is at most 20 MB over that of epochs 3-7.
+    Measured with glibc's trim threshold set (`trim_freed_memory`): +1.9 to +2.8 MB here,
+    +8.2 MB once in CI; with it patched out, DALI alone grew +33 and +45 MB
     (docs/architecture.md, "Memory over many epochs")."""
     env = dict(os.environ, PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="2")
     env.pop("MALLOC_TRIM_THRESHOLD_", None)
@@ -181,4 +182,4 @@ def test_rss_stays_flat_over_many_epochs_on_the_dali_path(how, busy_tree):
     rss = [float(line.split()[1]) for line in out.stdout.splitlines() if line.startswith("RSS")]
     assert len(rss) == 25, out.stderr[-3000:]
     growth = float(np.median(rss[-5:]) - np.median(rss[2:7]))
-    assert growth <= 8.0, f"{how}: +{growth:.1f} MB; RSS per epoch (MB): {rss}"
+    assert growth <= 20.0, f"{how}: +{growth:.1f} MB; RSS per epoch (MB): {rss}"
