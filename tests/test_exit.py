@@ -86,13 +86,20 @@ def busy_tree(tmp_path_factory):
     return root
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _run(script: str, args: list[str], *, sigint: bool) -> tuple[int | None, float, str]:
     """Runs `script`; after its READY line, SIGINT (or nothing). Returns the exit
     status (None: still running at the deadline, then killed), the seconds from
     READY to the end, and stderr's tail."""
     env = dict(os.environ, PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="2")
+    # SIGINT as a terminal delivers it: a suite run in the background (`make test &`,
+    # nohup) starts with SIGINT ignored, which Python and its children would inherit.
     proc = subprocess.Popen([sys.executable, "-c", script, *args], cwd=REPO, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_default_sigint)
     try:
         ready = any("READY" in line for line in proc.stdout)
         if sigint and ready:
