@@ -1,5 +1,7 @@
-"""The CPU default's TF graph (issue 23 item 3): few generator calls per file, no
-per-element branch for local files, and the end marker that closes every epoch."""
+"""The CPU default's TF graph (issue 23 item 3, issue 29): few generator calls per
+file, no per-element branch for local files, the decode fused with the batch, a
+dropped batch's good files recovered in order, and the end marker that closes
+every epoch in a batch of its own."""
 
 from __future__ import annotations
 
@@ -38,14 +40,6 @@ def _ids(ds) -> tuple[list[int], list[int]]:
     return ids, labels
 
 
-def test_end_marker_file_is_the_marker():
-    """The file the local-path graph reads at the end of each epoch is the marker,
-    a valid PNG TF decodes (shipped as package data)."""
-    with open(tf_path_mod.END_MARKER_FILE, "rb") as f:
-        assert f.read() == tf_path_mod.END_MARKER
-    assert tuple(tf.io.decode_png(tf_path_mod.END_MARKER).shape) == (1, 1, 1)
-
-
 def test_local_chunks_grow_after_a_small_first_one(tmp_path, monkeypatch):
     """On a local disk the generator asks for 32 files, then 4x more per call up to
     1024: decoding starts early and an epoch takes few calls (each a hop through
@@ -70,16 +64,18 @@ def test_local_chunks_grow_after_a_small_first_one(tmp_path, monkeypatch):
     assert [len(b[0]) for b in ds] == [50] * 12
 
 
-@pytest.mark.parametrize("marker_file", [True, False])
+@pytest.mark.parametrize("graph_reads", ["paths", "pinned_or_bytes"])
 @pytest.mark.parametrize("batch_size", [7, None])
 def test_bad_files_anywhere_are_named_and_the_rest_delivered_once(tmp_path, monkeypatch,
-                                                                  marker_file, batch_size):
+                                                                  graph_reads, batch_size):
     """Bad files first, in the middle and last in the epoch's order (class c1's
-    files follow c0's) are skipped and
-    named; every other file arrives once with its label; with and without the
-    marker file (without it, the graph takes the branch that reads bytes too)."""
-    if not marker_file:
-        monkeypatch.setattr(tf_path_mod, "END_MARKER_FILE", str(tmp_path / "missing.png"))
+    files follow c0's) are skipped and named; every other file arrives once, in
+    order, with its label, though each bad file's whole batch dropped out of TF's
+    fused decode; with TF reading the paths, and with the graph that reads a
+    file from an offset or takes its bytes."""
+    if graph_reads != "paths":
+        monkeypatch.setattr(tf_path_mod._Reads, "of",
+                            classmethod(lambda cls, items: cls.PINNED_OR_BYTES))
     n = 300
     bad = (0, 2, 1, 150, 151, 297, 299)  # c0: first two; c1: first, mid, last two
     _tree(tmp_path / "data", n, bad)
@@ -98,7 +94,8 @@ def test_bad_files_anywhere_are_named_and_the_rest_delivered_once(tmp_path, monk
         assert labels == [i % 2 for i in ids]
     assert sorted(reads.skipped) == sorted(str(tmp_path / "data" / f"c{i % 2}" / f"{i:04d}.png")
                                            for i in bad)
-    assert (tf_path_mod._Reads.of(reads.engine.items) is tf_path_mod._Reads.PATHS) == marker_file
+    assert (tf_path_mod._Reads.of(reads.engine.items) is tf_path_mod._Reads.PATHS) == (
+        graph_reads == "paths")
 
 
 def test_remote_style_reads_keep_offsets(tmp_path):
@@ -146,19 +143,27 @@ def test_headers_are_read_once_per_file_while_they_pass(tmp_path, monkeypatch):
 
 def test_the_audit_of_a_gone_dataset_passes_batches_through():
     """A weakly called target that is gone gets its default with the call's
-    arguments: the audit's stand-in returns one label per key, all of them kept."""
+    arguments: the audit's stand-in recovers nothing and keeps one label per
+    file of a batch, none for pads or the end marker."""
     import gc
 
     from dali_loader.tfdata.weak import weakly
 
     class Target:
-        def check(self, keys):
+        def check(self, keys, empty):
             return "live", keys
 
     t = Target()
     call = weakly(t, "check", tf_path_mod._no_check)
-    assert call(np.arange(3))[0] == "live"
+    empty = np.zeros((0, 2, 2, 3), np.float32)
+    assert call(np.arange(3), empty)[0] == "live"
     del t
     gc.collect()
-    labels, kept = call(np.arange(5, dtype=np.int64))
-    assert labels.tolist() == [0] * 5 and kept == 5
+    extra, labels, kept = call(np.arange(5, dtype=np.int64), empty)
+    assert extra is empty and labels.tolist() == [0] * 5 and kept == 5
+    base = 3 * tf_path_mod.KEY_STRIDE
+    tail = np.asarray([base + 7, base + tf_path_mod.PAD, base + tf_path_mod.PAD])
+    extra, labels, kept = call(tail, empty)
+    assert extra is empty and labels.tolist() == [0] and kept == 1
+    extra, labels, kept = call(np.asarray([base + tf_path_mod.MARKER]), empty)
+    assert extra is empty and labels.tolist() == [] and kept == 0

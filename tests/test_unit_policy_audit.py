@@ -103,13 +103,19 @@ def make_feed(n=10, on_error="skip", **reader_kw):
     return Feed(index, reader, chunk_size=4, on_error=on_error), reader
 
 
-class Diagnose:
-    def __init__(self, result=None):
+class Recover:
+    """Fails every file it is asked for (CorruptImageError, or `result`), but
+    those in `pixels`, whose pixels it returns."""
+
+    def __init__(self, result=None, pixels=None):
+        self.pixels = pixels or {}
         self.paths = []
         self.result = result
 
     def __call__(self, path):
         self.paths.append(path)
+        if path in self.pixels:
+            return self.pixels[path]
         if self.result is not None:
             return self.result
         return CorruptImageError(path, "TensorFlow's decoder failed on it")
@@ -121,14 +127,14 @@ def fed(auditor: Auditor) -> list[list[int]]:
 
 def test_auditor_all_survive():
     feed, reader = make_feed(10)
-    diagnose = Diagnose()
-    a = Auditor(feed.epoch, diagnose)
+    recover = Recover()
+    a = Auditor(feed.epoch, recover)
     assert fed(a) == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
     assert list(a.emitted) == list(range(10)) + [END]
-    assert a.check([0, 1, 2, 3]) is False
-    assert a.check([4, 5, 6]) is False
-    assert a.check([7, 8, 9, END]) is True
-    assert diagnose.paths == []
+    assert a.check([0, 1, 2, 3])[0] is False
+    assert a.check([4, 5, 6])[0] is False
+    assert a.check([7, 8, 9, END])[0] is True
+    assert recover.paths == []
     assert a.epoch.closed
     assert a.epoch.errors.skipped == {}
     assert reader.released == {f"item:f{i}": 1 for i in range(10)}
@@ -136,26 +142,54 @@ def test_auditor_all_survive():
 
 def test_auditor_gap_skip_records_it():
     feed, reader = make_feed(10, on_error="skip")
-    diagnose = Diagnose()
-    a = Auditor(feed.epoch, diagnose)
+    recover = Recover()
+    a = Auditor(feed.epoch, recover)
     fed(a)
-    assert a.check([0, 1, 3]) is False  # 2 dropped out in TF
-    assert diagnose.paths == ["f2"]
+    assert a.check([0, 1, 3])[0] is False  # 2 dropped out in TF
+    assert recover.paths == ["f2"]
     assert a.epoch.errors.skipped == {"f2": "TensorFlow's decoder failed on it"}
     assert feed.skipped == {"f2": "TensorFlow's decoder failed on it"}
-    assert a.check([4, 5, 6, 7, 8]) is False
-    assert a.check([END]) is True  # the very last file (9) dropped out too
-    assert diagnose.paths == ["f2", "f9"]
+    assert a.check([4, 5, 6, 7, 8])[0] is False
+    assert a.check([END])[0] is True  # the very last file (9) dropped out too
+    assert recover.paths == ["f2", "f9"]
     assert set(feed.skipped) == {"f2", "f9"}
     # Dropped files' items are released as well as the survivors'.
     assert reader.released == {f"item:f{i}": 1 for i in range(10)}
 
 
+def test_auditor_dropped_batch_recovers_the_good_files_in_order(caplog):
+    """Dropped batches (2-5, then 8-9): the files that decode again come back, in
+    order, before the survivors that revealed the gap; the bad ones are skipped.
+    A gap with no file failing now is delivered, with a warning."""
+    feed, reader = make_feed(10, on_error="skip")
+    recover = Recover(pixels={"f2": "px2", "f3": "px3", "f5": "px5", "f9": "px9",
+                              "f6": "px6"})
+    a = Auditor(feed.epoch, recover)
+    fed(a)
+    assert a.check([0, 1]) == (False, [])
+    assert a.check([7]) == (False, [(2, "px2"), (3, "px3"), (5, "px5"), (6, "px6")])
+    assert recover.paths == ["f2", "f3", "f4", "f5", "f6"]
+    assert feed.skipped == {"f4": "TensorFlow's decoder failed on it"}
+    assert "dropped out" not in caplog.text
+    assert a.check([END]) == (True, [(9, "px9")])  # the last batch (8, 9) dropped too
+    assert set(feed.skipped) == {"f4", "f8"}
+    assert reader.released == {f"item:f{i}": 1 for i in range(10)}
+
+
+def test_auditor_gap_that_decodes_now_is_delivered_and_reported(caplog):
+    feed, _ = make_feed(6, on_error="raise")
+    a = Auditor(feed.epoch, Recover(pixels={"f2": "px2", "f3": "px3"}))
+    fed(a)
+    assert a.check([0, 1, 4]) == (False, [(2, "px2"), (3, "px3")])
+    assert "2 file(s) from f2 on dropped out of TensorFlow's decode" in caplog.text
+    assert feed.skipped == {}
+
+
 def test_auditor_gap_raise():
     feed, _ = make_feed(10, on_error="raise")
-    a = Auditor(feed.epoch, Diagnose(UnreadableFileError("f4", "gone")))
+    a = Auditor(feed.epoch, Recover(UnreadableFileError("f4", "gone")))
     fed(a)
-    assert a.check([0, 1, 2, 3]) is False
+    assert a.check([0, 1, 2, 3])[0] is False
     with pytest.raises(UnreadableFileError, match="gone") as ei:
         a.check([5, 6])
     assert ei.value.path == "f4"
@@ -165,7 +199,7 @@ def test_auditor_gap_raise():
 @pytest.mark.parametrize("on_error", ["raise", "skip"])
 def test_auditor_gap_non_bad_file_error_is_raised(on_error):
     feed, _ = make_feed(6, on_error=on_error)
-    a = Auditor(feed.epoch, Diagnose(RuntimeError("dropped out, but decodes now")))
+    a = Auditor(feed.epoch, Recover(RuntimeError("dropped out, but decodes now")))
     fed(a)
     with pytest.raises(RuntimeError, match="decodes now"):
         a.check([0, 2])
@@ -174,11 +208,11 @@ def test_auditor_gap_non_bad_file_error_is_raised(on_error):
 
 def test_auditor_end_raises_the_held_feed_exception():
     feed, reader = make_feed(10, boom={"f6"})
-    a = Auditor(feed.epoch, Diagnose())
+    a = Auditor(feed.epoch, Recover())
     assert fed(a) == [[0, 1, 2, 3]]  # the feed failed in the second chunk: held
     assert isinstance(a.error, RuntimeError)
     assert list(a.emitted) == [0, 1, 2, 3, END]
-    assert a.check([0, 1, 2, 3]) is False
+    assert a.check([0, 1, 2, 3])[0] is False
     with pytest.raises(RuntimeError, match="a bug reading f6"):
         a.check([END])
     assert a.epoch.closed
@@ -187,7 +221,7 @@ def test_auditor_end_raises_the_held_feed_exception():
 
 def test_auditor_end_raises_a_held_bad_file_error():
     feed, _ = make_feed(10, on_error="raise", bad={"f1"})
-    a = Auditor(feed.epoch, Diagnose())
+    a = Auditor(feed.epoch, Recover())
     assert fed(a) == []
     with pytest.raises(CorruptImageError) as ei:
         a.check([END])
@@ -201,29 +235,29 @@ def test_auditor_end_raises_a_held_bad_file_error():
 def test_registry_open_check_close():
     feed, reader = make_feed(6)
     reg = AuditRegistry()
-    a1 = Auditor(feed.epoch, Diagnose())
-    a2 = Auditor(feed.epoch, Diagnose())
+    a1 = Auditor(feed.epoch, Recover())
+    a2 = Auditor(feed.epoch, Recover())
     t1, t2 = reg.open(a1), reg.open(a2)
     assert t1 != t2 and t1 > 0 and t2 > 0
     assert len(reg) == 2
     fed(a1)
     fed(a2)
-    assert reg.check(t1, [0, 1, 2, 3]) is True
+    assert reg.check(t1, [0, 1, 2, 3]) == []
     assert len(reg) == 2 and not a1.epoch.closed
     reg.fed_out(t1)
-    assert reg.check(t1, [4, 5, END]) is True
+    assert reg.check(t1, [4, 5, END]) == []
     assert len(reg) == 1 and a1.epoch.closed  # closed at its marker
     reg.close(t2)  # abandoned
     assert len(reg) == 0 and a2.epoch.closed
     reg.close(t2)  # again: nothing
-    assert reg.check(t2, [0, 1]) is True  # unknown token: an abandoned iteration
-    assert reg.check(12345, [END]) is True
+    assert reg.check(t2, [0, 1]) == []  # unknown token: an abandoned iteration
+    assert reg.check(12345, [END]) == []
 
 
 def test_registry_check_raises_auditor_errors():
     feed, _ = make_feed(6, on_error="raise")
     reg = AuditRegistry()
-    a = Auditor(feed.epoch, Diagnose())
+    a = Auditor(feed.epoch, Recover())
     tok = reg.open(a)
     fed(a)
     with pytest.raises(CorruptImageError, match="f0"):
@@ -234,9 +268,9 @@ def test_registry_is_bounded():
     assert audit._FINISHED_KEPT == 64
     feed, _ = make_feed(3)
     reg = AuditRegistry()
-    auditors = [Auditor(feed.epoch, Diagnose()) for _ in range(70)]
+    auditors = [Auditor(feed.epoch, Recover()) for _ in range(70)]
     tokens = [reg.open(a) for a in auditors]
-    live = reg.open(Auditor(feed.epoch, Diagnose()))  # still feeding: never dropped
+    live = reg.open(Auditor(feed.epoch, Recover()))  # still feeding: never dropped
     for a in auditors:
         fed(a)
     for tok in tokens[:64]:
@@ -252,8 +286,8 @@ def test_registry_is_bounded():
     assert len(reg) == 65
     assert [a.epoch.closed for a in auditors] == [True] * 6 + [False] * 64
     # A dropped iteration's late check is ignored.
-    assert reg.check(tokens[0], [0, 1, 2, END]) is True
+    assert reg.check(tokens[0], [0, 1, 2, END]) == []
     # Ones still kept finish normally.
-    assert reg.check(tokens[6], [0, 1, 2, END]) is True
+    assert reg.check(tokens[6], [0, 1, 2, END]) == []
     assert auditors[6].epoch.closed and len(reg) == 64
-    assert reg.check(live, [0]) is True and len(reg) == 64
+    assert reg.check(live, [0]) == [] and len(reg) == 64

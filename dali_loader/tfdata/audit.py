@@ -1,27 +1,32 @@
-"""The TF path's audit: every file an iteration emitted is decoded, or named.
+"""The TF path's audit: every file an iteration emitted is delivered, or named.
 
-TF's kernels decode under `ignore_errors()`, which drops a failing element
-without a word. Each iteration gets an `Auditor`, registered under a token that
-rides along with every element: after batching, the surviving positions are
-checked, in order, against what that iteration emitted. A gap is a file that
-failed in TF; the auditor reads it again and decodes it eagerly to say why
-(unreadable, or corrupt) and hands the error to the iteration's `on_error`
-handler. Each iteration ends with a marker element, so a failure on its very
-last file is caught too, and an exception of the feed is held and raised there
-(raised earlier, `ignore_errors()` would swallow it and cut the epoch short).
+TF's kernels decode and batch in one fused op under `ignore_errors()`, which
+drops a batch holding a failing file, without a word. Each iteration gets an
+`Auditor`, registered under a token that rides along with every element: the
+surviving positions are checked, in order, against what that iteration emitted.
+A gap is a dropped batch: the auditor reads each of its files again and decodes
+it eagerly (`recover`). The files that decode are handed back, in order, to be
+delivered before the batch that revealed the gap; a file that does not is named
+(unreadable, corrupt, or unresizable) and handed to the iteration's `on_error`
+handler. Each iteration ends with a marker in a batch of its own, which no
+decode can drop, so a gap at its very end is caught too, and an exception of the
+feed is held and raised there (raised earlier, `ignore_errors()` would swallow
+it and cut the epoch short).
 """
 
 from __future__ import annotations
 
 import collections
 import itertools
+import logging
 import threading
 from collections.abc import Callable, Iterable, Iterator
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from dali_loader.errors import BadFileError
 from dali_loader.feed.epochs import Chunk, FeedEpoch
 
+logger = logging.getLogger(__name__)
 T = TypeVar("T")
 END = -1  # the marker's position
 _FINISHED_KEPT = 64  # fed-out iterations awaiting their last checks
@@ -33,15 +38,16 @@ class Auditor:
     Args:
         open_epoch: Starts the iteration's `FeedEpoch` (in `chunks`, so that a
             failure to start is held and raised like any other).
-        diagnose: `path -> exception` for a file that dropped out: a
-            `BadFileError` (unreadable or corrupt) or another error to raise.
+        recover: `path -> pixels or exception` for a file of a dropped batch:
+            its pixels (as the batch would have held them), a `BadFileError`
+            (unreadable, corrupt or unresizable) or another error to raise.
     """
 
     def __init__(self, open_epoch: Callable[[], FeedEpoch],
-                 diagnose: Callable[[str], Exception]):
+                 recover: Callable[[str], Any]):
         self._open_epoch = open_epoch
         self.epoch: FeedEpoch | None = None
-        self.diagnose = diagnose
+        self.recover = recover
         self.emitted: collections.deque[int] = collections.deque()
         self.error: BaseException | None = None
 
@@ -66,12 +72,18 @@ class Auditor:
         if self.epoch is not None:
             self.epoch.close()
 
-    def check(self, positions: list[int]) -> bool:
-        """Accounts for every emitted position up to each survivor; True at the end."""
+    def check(self, positions: list[int]) -> tuple[bool, list[tuple[int, Any]]]:
+        """Accounts for every emitted position up to each survivor. Returns whether
+        the iteration ended, and the files recovered from the gaps before the
+        survivors (position, pixels), in order: they come before the survivors."""
+        recovered: list[tuple[int, Any]] = []
         try:
             for pos in positions:
+                gap: list[int] = []
                 while self.emitted and self.emitted[0] != pos:
-                    self._dropped(self.emitted.popleft())
+                    gap.append(self.emitted.popleft())
+                if gap:
+                    self._dropped(gap, recovered)
                 if self.emitted:
                     self.emitted.popleft()
         finally:
@@ -82,16 +94,27 @@ class Auditor:
             if self.error is not None:
                 err, self.error = self.error, None
                 raise err
-            return True
-        return False
+            return True, recovered
+        return False, recovered
 
-    def _dropped(self, pos: int) -> None:
-        self.epoch.release([pos])
-        err = self.diagnose(self.epoch.path(pos))
-        if isinstance(err, BadFileError):
-            self.epoch.errors(err)  # raises, or records and goes on
-        else:
-            raise err
+    def _dropped(self, gap: list[int], recovered: list[tuple[int, Any]]) -> None:
+        """A gap of dropped positions: each file recovered, or its error handled."""
+        failed = 0
+        for pos in gap:
+            self.epoch.release([pos])
+            out = self.recover(self.epoch.path(pos))
+            if isinstance(out, BadFileError):
+                failed += 1
+                self.epoch.errors(out)  # raises, or records and goes on
+            elif isinstance(out, BaseException):
+                raise out
+            else:
+                recovered.append((pos, out))
+        if not failed:  # TF failed on one of them, but none fails now: delivered
+            logger.warning(
+                "%d file(s) from %s on dropped out of TensorFlow's decode, but each reads "
+                "and decodes now: delivered. Please report this with the storage used.",
+                len(gap), self.epoch.path(gap[0]))
 
 
 class AuditRegistry:
@@ -136,12 +159,14 @@ class AuditRegistry:
     def __len__(self) -> int:
         return len(self._auditors)
 
-    def check(self, token: int, positions: list[int]) -> bool:
-        """Checks one batch of iteration `token` (its surviving positions, in order)."""
+    def check(self, token: int, positions: list[int]) -> list[tuple[int, Any]]:
+        """Checks one batch of iteration `token` (its surviving positions, in
+        order); returns the files recovered before them (`Auditor.check`)."""
         with self._lock:
             auditor = self._auditors.get(token)
         if auditor is None:  # an abandoned iteration: nobody reads its batches
-            return True
-        if auditor.check(positions):
+            return []
+        ended, recovered = auditor.check(positions)
+        if ended:
             self.close(token)
-        return True
+        return recovered
