@@ -127,10 +127,11 @@ def test_batches_stay_valid_after_later_batches(id_tree):
 
 
 def _decode_parallelism(ds) -> list[int]:
-    """`num_parallel_calls` of every parallel map in the dataset's chain."""
+    """`num_parallel_calls` of every parallel map in the dataset's chain (a map,
+    or the decode's fused map and batch)."""
     found = []
     while ds is not None:
-        calls = getattr(ds, "_num_parallel_calls", None)
+        calls = getattr(ds, "_num_parallel_calls", getattr(ds, "_num_parallel_calls_t", None))
         if calls is not None:
             found.append(int(calls))
         ds = getattr(ds, "_input_dataset", None)
@@ -141,8 +142,7 @@ def _decode_parallelism(ds) -> list[int]:
 def test_num_threads_sets_tf_decode_parallelism(id_tree, num_threads):
     ds = ours(str(id_tree), label_mode=None, image_size=(8, 8), batch_size=5, seed=4,
               decoder="tf", num_threads=num_threads)
-    # By default two calls per core: none waits for the file before its own in the
-    # deterministic map (issue 29); `num_threads` is taken as given.
+    # By default two calls per core (issue 29); `num_threads` is taken as given.
     assert _decode_parallelism(ds) == [num_threads or 2 * len(os.sched_getaffinity(0))]
     assert sorted(i for b in ds for i in ids_of(b)) == list(range(23))
 
