@@ -167,3 +167,60 @@ def test_the_audit_of_a_gone_dataset_passes_batches_through():
     assert extra is empty and labels.tolist() == [0] and kept == 1
     extra, labels, kept = call(np.asarray([base + tf_path_mod.MARKER]), empty)
     assert extra is empty and labels.tolist() == [] and kept == 0
+
+
+TAIL = r"""
+import sys
+import numpy as np
+from tf_adapter import image_dataset_from_directory
+ds = image_dataset_from_directory(sys.argv[1], image_size=(4, 4), batch_size=16, shuffle=False,
+                                  on_error="skip", verbose=False)
+for _ in range(2):
+    got = [int(round(v)) for x, _ in ds for v in x.numpy()[:, 0, 0, 0]]
+    print("IDS", got, flush=True)
+"""
+
+
+def test_a_recovered_batch_and_the_padded_tail_log_no_tf_errors(tmp_path):
+    """A dropped batch put back and the last files' batch less its pads are new
+    tensors, not slices of the batch: TF logs no error lines about them (a slice
+    alone made "Tensor RefCount not reliable" errors, four per epoch)."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    _tree(tmp_path, 40, bad=(5,))
+    env = dict(os.environ, PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="0")
+    out = subprocess.run([sys.executable, "-c", TAIL, str(tmp_path)], env=env, cwd=REPO,
+                         capture_output=True, text=True, timeout=300)
+    expected = sorted((i for i in range(40) if i != 5), key=lambda i: (i % 2, i))
+    ids = [line for line in out.stdout.splitlines() if line.startswith("IDS")]
+    assert ids == [f"IDS {expected}"] * 2, out.stderr[-3000:]
+    assert "RefCount" not in out.stderr and "tensor.h" not in out.stderr, out.stderr[-3000:]
+
+
+def test_a_file_skipped_once_is_decoded_alone_in_later_epochs(tmp_path, monkeypatch):
+    """Epoch 1: the bad file drops its batch of 16, and the audit decodes those 16
+    again; later epochs withhold it from TF, and the audit decodes it alone. Every
+    epoch delivers the same files, in order."""
+    calls = []
+    recover = tf_path_mod._TFKernelEpochs.recover
+
+    def counted(self, path):
+        calls.append(path)
+        return recover(self, path)
+
+    monkeypatch.setattr(tf_path_mod._TFKernelEpochs, "recover", counted)
+    _tree(tmp_path, 40, bad=(4,))  # c0's third file: the first batch
+    ds = ours(str(tmp_path), image_size=(4, 4), batch_size=16, shuffle=False,
+              on_error="skip", verbose=False)
+    expected = [i for i in sorted(range(40), key=lambda i: (i % 2, i)) if i != 4]
+    per_epoch = []
+    for _ in range(3):
+        calls.clear()
+        assert _ids(ds)[0] == expected
+        per_epoch.append(len(calls))
+    assert per_epoch == [16, 1, 1]
+    assert list(ds.loader.skipped) == [str(tmp_path / "c0" / "0004.png")]

@@ -49,6 +49,7 @@ class Auditor:
         self.epoch: FeedEpoch | None = None
         self.recover = recover
         self.emitted: collections.deque[int] = collections.deque()
+        self.withheld: set[int] = set()  # emitted, but not sent to TF: recovered here
         self.error: BaseException | None = None
 
     def chunks(self, convert: Callable[[FeedEpoch, Chunk], T] = lambda e, c: c,
@@ -110,7 +111,8 @@ class Auditor:
                 raise out
             else:
                 recovered.append((pos, out))
-        if not failed:  # TF failed on one of them, but none fails now: delivered
+        if not failed and not self.withheld.issuperset(gap):
+            # TF failed on one of them, but none fails now: delivered
             logger.warning(
                 "%d file(s) from %s on dropped out of TensorFlow's decode, but each reads "
                 "and decodes now: delivered. Please report this with the storage used.",

@@ -135,6 +135,21 @@ class _TFKernelEpochs:
         data, offsets = zip(*map(_as_string_and_offset, items))
         return list(data), np.asarray(offsets, np.int64)
 
+    def _withhold_known_bad(self, epoch, chunk, auditor: Auditor) -> tuple[list, list[int]]:
+        """A chunk's items and positions less the files an earlier iteration skipped:
+        each would drop its whole batch again, which the audit would decode again,
+        file by file. The audit sees them missing and decodes them alone instead:
+        one eager decode each, as before the decode was fused with the batch."""
+        known = self.feed.skipped
+        if not known:
+            return chunk.items, chunk.positions
+        keep = [i for i, pos in enumerate(chunk.positions) if epoch.path(pos) not in known]
+        if len(keep) == len(chunk.positions):
+            return chunk.items, chunk.positions
+        kept = set(keep)
+        auditor.withheld.update(pos for i, pos in enumerate(chunk.positions) if i not in kept)
+        return [chunk.items[i] for i in keep], [chunk.positions[i] for i in keep]
+
     def _tail(self, emitted: int, base: np.int64) -> tuple:
         """The epoch's last element: pads up to the end of the last files' batch
         (a batch's bounds are fixed by the fused op), then the end marker, alone
@@ -157,8 +172,9 @@ class _TFKernelEpochs:
 
         def element(epoch, chunk):
             nonlocal emitted
-            emitted += len(chunk.positions)
-            return (*self._files(chunk.items), np.asarray(chunk.positions, np.int64) + base)
+            items, positions = self._withhold_known_bad(epoch, chunk, auditor)
+            emitted += len(positions)
+            return (*self._files(items), np.asarray(positions, np.int64) + base)
 
         fed_out = False
         try:
