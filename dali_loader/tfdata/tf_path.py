@@ -240,6 +240,17 @@ def _map_and_batch(tf, ds, fn: Callable, batch: int, calls: int):
             fn, batch, num_parallel_calls=calls))
 
 
+def _either(tf, pred, then: Callable, otherwise: Callable, *args):
+    """`then(*args)` where `pred`, else `otherwise(*args)`; only the branch taken
+    runs. TF's `Switch` and `Merge` ops, which `tf.cond` is lowered to: a
+    `tf.cond` in a tf.data function instantiates its two branches as functions of
+    their own for every iterator (measured: about 3 ms for the decode's and 10 ms
+    for the audit's, per `iter()`). A branch's result must depend on its inputs."""
+    otherwise_args, then_args = zip(*(tf.raw_ops.Switch(data=a, pred=pred) for a in args))
+    out, _ = tf.raw_ops.Merge(inputs=[otherwise(*otherwise_args), then(*then_args)])
+    return out
+
+
 def tf_kernel_dataset(tf, feed: Feed, spec: ImageSpec, batch_size: int | None,
                        num_threads: int | None, which: tuple[int | None, int],
                        labelled: Callable = lambda x, y: (x, y)):
@@ -272,20 +283,24 @@ def tf_kernel_dataset(tf, feed: Feed, spec: ImageSpec, batch_size: int | None,
     native = getattr(feed, "png_decoder", None) is PngDecoder.WUFFS
     dtype = tf.uint8 if spec.output_uint8 else tf.float32
 
-    def unless_pad(key, image: Callable):
-        """The image, or zeros for a pad or the marker (nothing read or decoded)."""
-        return tf.cond(tf.math.floormod(key, KEY_STRIDE) >= PAD,
-                       lambda: tf.zeros(spec.shape, dtype), image)
+    def zeros(data, *_):  # for a pad or the marker: nothing read or decoded
+        return tf.fill(spec.shape, tf.cast(tf.strings.length(data) * 0, dtype))
+
+    def unless_pad(key, image: Callable, *args):
+        img = _either(tf, tf.math.floormod(key, KEY_STRIDE) >= PAD, zeros, image, *args)
+        img.set_shape(spec.shape)
+        return img
 
     if epochs.reads is _Reads.PINNED_OR_BYTES:
         def decode(data, offset, key):
-            return unless_pad(key, lambda: decode_like_keras(
-                read_item(tf, data, offset), spec, tf, native)), key
+            return unless_pad(key, lambda d, o: decode_like_keras(
+                read_item(tf, d, o), spec, tf, native), data, offset), key
     else:
         read = tf.io.read_file if epochs.reads is _Reads.PATHS else tf.identity
 
         def decode(data, key):
-            return unless_pad(key, lambda: decode_like_keras(read(data), spec, tf, native)), key
+            return unless_pad(key, lambda d: decode_like_keras(read(d), spec, tf, native),
+                              data), key
 
     # The graph functions are plain TF (no Python control flow on tensors): not
     # converted by AutoGraph, which cost about 0.5 s of every construction.
@@ -295,10 +310,14 @@ def tf_kernel_dataset(tf, feed: Feed, spec: ImageSpec, batch_size: int | None,
     # calls per core (`_decode_calls`).
     ds = _map_and_batch(tf, ds.unbatch(), plain(decode), batch,
                         _decode_calls(num_threads)).ignore_errors()
-    check = _weakly(epochs, "check", _no_check)
+    empty = np.zeros((0, *spec.shape), np.uint8 if spec.output_uint8 else np.float32)
+    weak_check = _weakly(epochs, "check", _no_check)
+
+    def check(keys):
+        return weak_check(keys, empty)
 
     def audit(x, keys):
-        extra, y, n = tf.numpy_function(check, [keys, x[:0]], (dtype, tf.int32, tf.int64))
+        extra, y, n = tf.numpy_function(check, [keys], (dtype, tf.int32, tf.int64))
         extra.set_shape(x.shape)
         y.set_shape((None,))
         n.set_shape(())
@@ -306,7 +325,10 @@ def tf_kernel_dataset(tf, feed: Feed, spec: ImageSpec, batch_size: int | None,
         # a new tensor where anything changes (a slice alone is a sub-buffer, which
         # TF's later ops log errors about), the batch itself, no copy, where not.
         changed = tf.logical_or(tf.shape(extra)[0] > 0, n < tf.shape(x, tf.int64)[0])
-        x = tf.cond(changed, lambda: tf.concat([extra, x[:n]], 0), lambda: x)
+        shape = x.shape
+        x = _either(tf, changed, lambda x, e, n: tf.concat([e, x[:n]], 0), lambda x, e, n: x,
+                    x, extra, n)
+        x.set_shape(shape)
         return labelled(x, y)
 
     ds = ds.map(plain(audit)).rebatch(batch)
