@@ -257,8 +257,8 @@ def _abandon_then_whole_epoch(ds) -> None:
     assert sorted(i for x in ds for i in ids(x)) == list(range(23))
 
 
-def test_generator_init_and_finalize_are_single_device(id_tree):
-    """Issue 29: the generator's one-output functions skip grappler per iterator."""
+def test_generator_functions_are_single_device(id_tree):
+    """Issue 29: the generator's functions skip grappler per iterator."""
     from dali_loader.tfdata import generators
 
     ds = make(id_tree, "tf", "raise")
@@ -266,7 +266,8 @@ def test_generator_init_and_finalize_are_single_device(id_tree):
     assert type(gen) is generators._single_device_class(tf)
     assert _attr(gen._init_func, "experimental_ints_on_device")
     assert _attr(gen._finalize_func, "experimental_ints_on_device")
-    assert not _attr(gen._next_func, "experimental_ints_on_device")  # two outputs
+    assert _attr(gen._next_func, "experimental_ints_on_device")  # with inject_prefetch off
+    assert not ds.options().experimental_optimization.inject_prefetch
     _abandon_then_whole_epoch(ds)
 
 

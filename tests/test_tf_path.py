@@ -1,7 +1,7 @@
 """The CPU default's TF graph (issue 23 item 3, issue 29): few generator calls per
-file, no per-element branch for local files, the decode fused with the batch, a
-dropped batch's good files recovered in order, and the end marker that closes
-every epoch in a batch of its own."""
+file, no per-element branch for local files, the decode fused with the batch from
+a few batches per epoch on (a dropped batch's good files recovered in order, the
+end marker in a batch of its own) and per file below, single-device functions."""
 
 from __future__ import annotations
 
@@ -16,6 +16,13 @@ from dali_loader.tfdata import tf_path as tf_path_mod  # noqa: E402
 from tf_adapter import image_dataset_from_directory as ours  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture(params=["fused", "per_file"])
+def batching(request, monkeypatch):
+    """Both graphs of the TF path, whatever the folder's size (`Batching.of`)."""
+    monkeypatch.setattr(tf_path_mod, "FUSED_FROM_BATCHES", 0 if request.param == "fused" else 10**9)
+    return tf_path_mod.Batching(request.param)
 
 
 def _tree(root, n: int, bad: tuple[int, ...] = ()) -> None:
@@ -67,12 +74,13 @@ def test_local_chunks_grow_after_a_small_first_one(tmp_path, monkeypatch):
 @pytest.mark.parametrize("graph_reads", ["paths", "pinned_or_bytes"])
 @pytest.mark.parametrize("batch_size", [7, None])
 def test_bad_files_anywhere_are_named_and_the_rest_delivered_once(tmp_path, monkeypatch,
-                                                                  graph_reads, batch_size):
+                                                                  graph_reads, batch_size,
+                                                                  batching):
     """Bad files first, in the middle and last in the epoch's order (class c1's
     files follow c0's) are skipped and named; every other file arrives once, in
     order, with its label, though each bad file's whole batch dropped out of TF's
-    fused decode; with TF reading the paths, and with the graph that reads a
-    file from an offset or takes its bytes."""
+    fused decode (or each file alone, per file); with TF reading the paths, and
+    with the graph that reads a file from an offset or takes its bytes."""
     if graph_reads != "paths":
         monkeypatch.setattr(tf_path_mod._Reads, "of",
                             classmethod(lambda cls, items: cls.PINNED_OR_BYTES))
@@ -173,6 +181,8 @@ TAIL = r"""
 import sys
 import numpy as np
 from tf_adapter import image_dataset_from_directory
+from dali_loader.tfdata import tf_path
+tf_path.FUSED_FROM_BATCHES = int(sys.argv[2])
 ds = image_dataset_from_directory(sys.argv[1], image_size=(4, 4), batch_size=16, shuffle=False,
                                   on_error="skip", verbose=False)
 for _ in range(2):
@@ -181,7 +191,8 @@ for _ in range(2):
 """
 
 
-def test_a_recovered_batch_and_the_padded_tail_log_no_tf_errors(tmp_path):
+@pytest.mark.parametrize("fused_from", [0, 10**9])
+def test_a_recovered_batch_and_the_padded_tail_log_no_tf_errors(tmp_path, fused_from):
     """A dropped batch put back and the last files' batch less its pads are new
     tensors, not slices of the batch: TF logs no error lines about them (a slice
     alone made "Tensor RefCount not reliable" errors, four per epoch)."""
@@ -193,7 +204,8 @@ def test_a_recovered_batch_and_the_padded_tail_log_no_tf_errors(tmp_path):
 
     _tree(tmp_path, 40, bad=(5,))
     env = dict(os.environ, PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="0")
-    out = subprocess.run([sys.executable, "-c", TAIL, str(tmp_path)], env=env, cwd=REPO,
+    out = subprocess.run([sys.executable, "-c", TAIL, str(tmp_path), str(fused_from)], env=env,
+                         cwd=REPO,
                          capture_output=True, text=True, timeout=300)
     expected = sorted((i for i in range(40) if i != 5), key=lambda i: (i % 2, i))
     ids = [line for line in out.stdout.splitlines() if line.startswith("IDS")]
@@ -201,9 +213,10 @@ def test_a_recovered_batch_and_the_padded_tail_log_no_tf_errors(tmp_path):
     assert "RefCount" not in out.stderr and "tensor.h" not in out.stderr, out.stderr[-3000:]
 
 
-def test_a_file_skipped_once_is_decoded_alone_in_later_epochs(tmp_path, monkeypatch):
-    """Epoch 1: the bad file drops its batch of 16, and the audit decodes those 16
-    again; later epochs withhold it from TF, and the audit decodes it alone. Every
+def test_a_file_skipped_once_is_decoded_alone_in_later_epochs(tmp_path, monkeypatch, batching):
+    """Fused, epoch 1: the bad file drops its batch of 16, and the audit decodes
+    those 16 again; later epochs withhold it from TF, and the audit decodes it
+    alone. Per file: it drops alone, and the audit decodes it to name it. Every
     epoch delivers the same files, in order."""
     calls = []
     recover = tf_path_mod._TFKernelEpochs.recover
@@ -222,5 +235,108 @@ def test_a_file_skipped_once_is_decoded_alone_in_later_epochs(tmp_path, monkeypa
         calls.clear()
         assert _ids(ds)[0] == expected
         per_epoch.append(len(calls))
-    assert per_epoch == [16, 1, 1]
+    assert per_epoch == ([16, 1, 1] if batching is tf_path_mod.Batching.FUSED else [1, 1, 1])
     assert list(ds.loader.skipped) == [str(tmp_path / "c0" / "0004.png")]
+
+
+@pytest.mark.parametrize("batch_size,files,expected", [
+    (16, 63, "per_file"), (16, 64, "fused"), (None, 127, "per_file"), (None, 128, "fused"),
+    (128, 511, "per_file"), (128, 512, "fused")])
+def test_the_graph_is_fused_from_four_batches_per_epoch(tmp_path, batch_size, files, expected):
+    """`Batching.of`: the fused op from `FUSED_FROM_BATCHES` batches of files per
+    epoch on (its pads and audit cost a few ms per epoch that small folders feel),
+    per file below; both deliver the same batches."""
+    _tree(tmp_path, files)
+    ds = ours(str(tmp_path), image_size=(4, 4), batch_size=batch_size, shuffle=False,
+              verbose=False)
+    epochs = _tf_epochs(ds)
+    assert epochs.batching is tf_path_mod.Batching(expected)
+    names = set()
+    _walk(ds, lambda d: names.add(type(d).__name__))
+    assert any("MapAndBatch" in n for n in names) == (expected == "fused")
+    sizes = [len(x) for x, _ in ds] if batch_size else [len(list(ds))]
+    size = batch_size or files
+    assert sizes == [size] * (files // size) + ([files % size] if files % size else [])
+
+
+def _walk(ds, visit) -> None:
+    visit(ds)
+    for d in ds._inputs():
+        _walk(d, visit)
+
+
+def _tf_epochs(ds):
+    found = []
+    _walk(ds, lambda d: found.append(d._dali_epochs) if hasattr(d, "_dali_epochs") else None)
+    return found[0]
+
+
+@pytest.mark.parametrize("fused_from", [0, 10**9])
+def test_every_function_of_the_tf_path_is_single_device(tmp_path, monkeypatch, fused_from):
+    """Issue 29: each tf.data function is instantiated again for every iterator,
+    a multi-device one with grappler's pass (3-4 ms each). Every function of the
+    TF path carries the single-device attribute, and the pipeline keeps TF's
+    `inject_prefetch` pass, which would refuse them, off."""
+    monkeypatch.setattr(tf_path_mod, "FUSED_FROM_BATCHES", fused_from)
+    _tree(tmp_path, 20)
+    ds = ours(str(tmp_path), image_size=(4, 4), batch_size=4, verbose=False)
+    funcs = []
+    _walk(ds, lambda d: funcs.extend(getattr(d, "_functions", lambda: [])()))
+    _walk(ds, lambda d: funcs.extend(getattr(d, f"_{n}_func") for n in ("init", "next", "finalize")
+                                     if hasattr(d, f"_{n}_func")))
+    # TF's `normalize` maps (of `unbatch` and `rebatch`) return their inputs: TF
+    # short-circuits them, nothing instantiated.
+    ours_ = [f for f in funcs if b"_normalize_" not in f.function.name]
+    names = b" ".join(f.function.name for f in ours_)
+    for part in (b"_init_", b"_next__", b"_finalize_", b"_decode_", b"_audit_"):
+        assert part in names
+    for f in ours_:
+        attrs = f.function.function_def.attr
+        assert attrs["experimental_ints_on_device"].b, f.function.name
+    assert ds.options().experimental_optimization.inject_prefetch is False
+    assert sorted(_ids(ds)[0]) == list(range(20))
+
+
+def _options(**kw):
+    o = tf.data.Options()
+    for path, value in kw.items():
+        *parents, last = path.split("__")
+        obj = o
+        for p in parents:
+            obj = getattr(obj, p)
+        setattr(obj, last, value)
+    return o
+
+
+@pytest.mark.parametrize("user", [
+    {"deterministic": False}, {"threading__private_threadpool_size": 2},
+    {"threading__max_intra_op_parallelism": 1}, {"autotune__enabled": False},
+    {"experimental_optimization__map_parallelization": True},
+    {"experimental_optimization__apply_default_optimizations": False},
+    {"experimental_warm_start": True}])
+def test_user_options_keep_every_file_once_in_order(tmp_path, user):
+    """A user's `tf.data.Options` on the returned dataset (and a map after it):
+    each file once, in order, with the single-device functions."""
+    _tree(tmp_path, 70, bad=(3,))
+    ds = ours(str(tmp_path), image_size=(4, 4), batch_size=8, shuffle=False,
+              on_error="skip", verbose=False)
+    expected = [i for i in sorted(range(70), key=lambda i: (i % 2, i)) if i != 3]
+    mine = ds.map(lambda x, y: (x, y)).with_options(_options(**user))
+    for _ in range(2):
+        assert _ids(mine)[0] == expected
+
+
+def test_slack_needs_the_single_device_maps_off(tmp_path, monkeypatch):
+    """TF's `slack` pass refuses a single-device function of two outputs at
+    `iter()`. A user who turns it on turns the maps off with
+    `DALI_LOADER_SINGLE_DEVICE_MAPS=0` (docs/parity.md): every file again."""
+    from dali_loader.tfdata import single_device
+
+    _tree(tmp_path, 20)
+    slack = _options(experimental_slack=True)
+    ds = ours(str(tmp_path), image_size=(4, 4), batch_size=4, verbose=False)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="fetch node"):
+        list(ds.with_options(slack))
+    monkeypatch.setenv(single_device.ENV, "0")
+    ds = ours(str(tmp_path), image_size=(4, 4), batch_size=4, verbose=False)
+    assert sorted(_ids(ds.with_options(slack))[0]) == list(range(20))

@@ -3,7 +3,8 @@
 `per_iterator_dataset(tf, Generators(make), signature)` is a dataset whose every
 iterator runs its own `make()` generator: one `numpy_function` opens it, one per
 element, one closes it (also when an iterator is abandoned), with `init` and
-`finalize` as single-device functions where this TF takes them. The TF path over
+`finalize` as single-device functions where this TF takes them, and `next` too
+where it takes those of several outputs (`single_device`). The TF path over
 files (`tf_path`) runs on it. TensorFlow is passed in (imported lazily by the caller).
 """
 
@@ -16,6 +17,8 @@ from collections.abc import Callable, Iterator
 import numpy as np
 
 from dali_loader.exiting import stoppable
+from dali_loader.tfdata.single_device import SINGLE_DEVICE, guarded
+from dali_loader.tfdata.single_device import supported as _multi_output_supported
 from dali_loader.tfdata.weak import weakly as _weakly
 
 
@@ -105,7 +108,9 @@ def per_iterator_dataset(tf, generators: Generators, signature: tuple):
 
     single = _single_device_class(tf)
     if single is not None:
-        return single(plain(init), plain(next_), plain(finalize), signature)
+        every = len(signature) == 1 or _multi_output_supported(tf)
+        ds = single(plain(init), plain(next_), plain(finalize), signature, every)
+        return guarded(tf, ds) if every else ds
     return _GeneratorDataset(tf.constant(0, tf.int64), plain(init), plain(next_),
                              plain(finalize), output_signature=signature)
 
@@ -113,16 +118,14 @@ def per_iterator_dataset(tf, generators: Generators, signature: tuple):
 # A tf.data function with this attribute is instantiated for each iterator as a
 # single-device function, without grappler's pass over it: about 2.5 ms of CPU less
 # per function and iterator here (issue 29; TF's multi-device iterator sets it on its
-# own generator's functions). TF refuses it on a function with more than one output
-# ("Expected only one fetch node"), so only the generator's `init` and `finalize`
-# (one int64 each) get it.
-_SINGLE_DEVICE = {"experimental_ints_on_device": True}
+# own generator's functions). One of several outputs needs `inject_prefetch` off
+# (`single_device`); `init` and `finalize` have one output (an int64) each.
 _single_device: dict[str, type | None] = {}  # the class, or None: probed once
 
 
 def _single_device_class(tf) -> type | None:
-    """TF's `_GeneratorDataset` with `init` and `finalize` as `_SINGLE_DEVICE`
-    functions, or None where this TF lacks or refuses it (probed once per process
+    """TF's `_GeneratorDataset` with `init` and `finalize` as single-device
+    functions (and `next` where asked), or None where this TF lacks or refuses it (probed once per process
     on a two-element generator: the fallback is TF's own class)."""
     if "cls" in _single_device:
         return _single_device["cls"]
@@ -142,7 +145,7 @@ def _single_device_class(tf) -> type | None:
     try:
         cls = _make_single_device_class(tf)
         probe = cls(plain(lambda _: tf.constant(0, tf.int64)), plain(next_),
-                    plain(lambda gid: gid), tf.TensorSpec((None,), tf.int64))
+                    plain(lambda gid: gid), tf.TensorSpec((None,), tf.int64), False)
         if [int(v) for v in probe.unbatch()] != [0, 1]:
             cls = None
     except Exception:  # noqa: BLE001 - a TF that refuses it: its own class instead
@@ -158,9 +161,10 @@ def _make_single_device_class(tf) -> type:
     from tensorflow.python.ops import gen_dataset_ops
 
     class SingleDeviceEnds(_GeneratorDataset):
-        """`_GeneratorDataset.__init__`, with `defun_kwargs` for `init` and `finalize`."""
+        """`_GeneratorDataset.__init__`, with `defun_kwargs` for `init` and
+        `finalize`, and for `next_` where `every`."""
 
-        def __init__(self, init, next_, finalize, output_signature):
+        def __init__(self, init, next_, finalize, output_signature, every: bool):
             self._init_args = tf.constant(0, tf.int64)
             self._init_structure = structure.type_spec_from_value(self._init_args)
             self._output_signature = output_signature
@@ -168,11 +172,12 @@ def _make_single_device_class(tf) -> type:
             name = self._transformation_name()
             wrap = structured_function.StructuredFunctionWrapper
             self._init_func = wrap(init, name, input_structure=self._init_structure,
-                                   defun_kwargs=dict(_SINGLE_DEVICE))
+                                   defun_kwargs=dict(SINGLE_DEVICE))
             state = self._init_func.output_structure
-            self._next_func = wrap(next_, name, input_structure=state)
+            self._next_func = wrap(next_, name, input_structure=state,
+                                   defun_kwargs=dict(SINGLE_DEVICE) if every else None)
             self._finalize_func = wrap(finalize, name, input_structure=state,
-                                       defun_kwargs=dict(_SINGLE_DEVICE))
+                                       defun_kwargs=dict(SINGLE_DEVICE))
             variant = gen_dataset_ops.generator_dataset(
                 structure.to_tensor_list(self._init_structure, self._init_args)
                 + self._init_func.function.captured_inputs,

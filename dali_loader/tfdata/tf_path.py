@@ -5,14 +5,19 @@ costs about twice as much (docs/benchmarks.md, "Why TF kernels on the CPU"), so
 the feed does the I/O (index, read-ahead, gs:// cache) and TF decodes with the
 ops of Keras's `_load_image_tf`: bit-identical to Keras, for every option.
 
-The decode and the batch run as one fused op, as in Keras's own pipeline (TF's
-`map_and_batch`): no hand-off per image between them. A batch holding a file TF
-rejects is dropped whole by `ignore_errors()`; the audit (`audit`) sees the gap,
-decodes that batch's files again eagerly, delivers those that decode, in order,
-and names the others. Every element carries a key (its iteration's token and its
-position). Each epoch ends with an end marker in a batch of its own (pads fill
-the last files' batch), which nothing decodes and so nothing drops. Each iterator
-runs its own generator (`generators`): one independent epoch each.
+Every element carries a key (its iteration's token and its position), and the
+audit (`audit`) checks the keys that survive against what the iteration emitted:
+a file TF drops is named, never lost. Two graphs, by files per epoch (`Batching`):
+- FUSED, from a few batches on: the decode and the batch as one op, as in Keras's
+  own pipeline (TF's `map_and_batch`). A batch holding a file TF rejects is
+  dropped whole by `ignore_errors()`; the audit decodes that batch's files again
+  eagerly, delivers those that decode, in order, and names the others. The end
+  marker has a batch of its own (pads fill the last files' batch); neither is
+  read or decoded.
+- PER_FILE, below: the decode as a map, `ignore_errors()` per file, then the
+  batch; the end marker, a valid tiny PNG, rides through the decode. Its fixed
+  cost per epoch is lower (no branch in its functions).
+Each iterator runs its own generator (`generators`): one independent epoch each.
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ from __future__ import annotations
 import enum
 import itertools
 import os
+import struct
+import zlib
 from collections.abc import Callable
 
 import numpy as np
@@ -41,6 +48,7 @@ from dali_loader.plan import PngDecoder
 from dali_loader.tfdata.audit import END, AuditRegistry, Auditor
 from dali_loader.tfdata.generators import Generators as _Generators
 from dali_loader.tfdata.generators import per_iterator_dataset as _per_iterator_dataset
+from dali_loader.tfdata.single_device import guarded, map_, map_and_batch
 from dali_loader.tfdata.weak import weakly as _weakly
 
 TF_CHUNK = 16  # files per generator call on the TF path, reading through the feed
@@ -53,6 +61,22 @@ TF_CHUNK_RAMP = 2  # the ramp's shift per call: x4
 KEY_STRIDE = 1 << 40  # a TF-path element's key: its iteration's token, then its position
 MARKER = KEY_STRIDE - 1  # the end marker's position in a key
 PAD = KEY_STRIDE - 2  # a pad's: fills the last files' batch, so that the marker's is its own
+FUSED_FROM_BATCHES = 4  # `Batching.of`: measured in docs/benchmarks.md (issue 29)
+
+
+def _tiny_png() -> bytes:
+    """A valid 1x1 grey PNG: the PER_FILE graph's end marker, which rides through decode."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    ihdr = struct.pack(">IIBBBBB", 1, 1, 8, 0, 0, 0, 0)
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr)
+            + chunk(b"IDAT", zlib.compress(b"\x00\x00")) + chunk(b"IEND", b""))
+
+
+END_MARKER = _tiny_png()
+# The marker as a file, for the graph that reads local paths (tests check its bytes).
+END_MARKER_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "end_marker.png")
 
 
 def _as_string_and_offset(item) -> tuple[bytes, int]:
@@ -75,9 +99,28 @@ class _Reads(enum.Enum):
 
     @classmethod
     def of(cls, items) -> _Reads:
-        if isinstance(items, Paths):
+        if isinstance(items, Paths) and os.path.isfile(END_MARKER_FILE):
             return cls.PATHS
         return cls.BYTES if type(items) is RawBytes else cls.PINNED_OR_BYTES
+
+
+class Batching(enum.Enum):
+    """How the TF path's graph decodes and batches (`Batching.of`: by files per epoch).
+
+    FUSED: TF's one `map_and_batch` op, as Keras's own pipeline runs after
+    grappler: less CPU and fewer thread hand-offs per image; a failing file drops
+    its whole batch, which the audit decodes again; pads and a branch on the key
+    keep the end marker alone in its batch. PER_FILE: the decode as a map,
+    `ignore_errors()` per file, then the batch; no branch in its functions, so a
+    lower fixed cost per `iter()`, for folders of a few batches."""
+
+    FUSED = "fused"
+    PER_FILE = "per_file"
+
+    @classmethod
+    def of(cls, files: int, batch: int) -> Batching:
+        """FUSED from `FUSED_FROM_BATCHES` batches of files per epoch on."""
+        return cls.FUSED if files >= FUSED_FROM_BATCHES * batch else cls.PER_FILE
 
 
 class _TFKernelEpochs:
@@ -85,16 +128,18 @@ class _TFKernelEpochs:
 
     Each element is a file (its path, or bytes) and a key: the iteration's token
     times `KEY_STRIDE` plus the file's index position, or `PAD` and `MARKER` for
-    the pads and the end marker (empty, not decoded). Labels are looked up per
-    batch by the audit, not carried per element."""
+    the pads and the end marker (`_tail`). Labels are looked up per batch by the
+    audit, not carried per element."""
 
     def __init__(self, tf, feed: Feed, spec: ImageSpec, which: tuple[int | None, int],
-                 batch: int):
+                 batch: int, batching: Batching):
         self.tf = tf
         self.feed = feed
         self.spec = spec
         self.which = which
         self.batch = batch
+        self.batching = batching
+        self.xpng = os.environ.get("X_PNGPAD")
         self.reads = _Reads.of(feed.items)
         self.registry = AuditRegistry()
         self.generators = _Generators(self.epoch)
@@ -126,6 +171,17 @@ class _TFKernelEpochs:
             return UnresizableImageError(path, problem)
         return resize_like_keras(tf.convert_to_tensor(pixels), self.spec, tf).numpy()
 
+    def diagnose(self, path: str) -> Exception:
+        """Why the PER_FILE graph dropped `path`, a file alone (its graph has no
+        way to put one back): `recover`'s error, or one asking for a report."""
+        out = self.recover(path)
+        if isinstance(out, BaseException):
+            return out
+        return RuntimeError(
+            f"{path} dropped out of TensorFlow's decode, but reads and decodes now. "
+            "It was not trained on in this epoch; please report this with the storage used."
+        )
+
     def _files(self, items: list) -> tuple:
         """The element's file components for a chunk's items."""
         if self.reads is _Reads.PATHS:  # as the OS spells them: any name, UTF-8 or not
@@ -141,7 +197,7 @@ class _TFKernelEpochs:
         file by file. The audit sees them missing and decodes them alone instead:
         one eager decode each, as before the decode was fused with the batch."""
         known = self.feed.skipped
-        if not known:
+        if not known or self.batching is Batching.PER_FILE:  # it drops a file alone
             return chunk.items, chunk.positions
         keep = [i for i, pos in enumerate(chunk.positions) if epoch.path(pos) not in known]
         if len(keep) == len(chunk.positions):
@@ -151,13 +207,23 @@ class _TFKernelEpochs:
         return [chunk.items[i] for i in keep], [chunk.positions[i] for i in keep]
 
     def _tail(self, emitted: int, base: np.int64) -> tuple:
-        """The epoch's last element: pads up to the end of the last files' batch
-        (a batch's bounds are fixed by the fused op), then the end marker, alone
-        in its batch. Neither is read or decoded (`tf_kernel_dataset`)."""
+        """The epoch's last element. FUSED: pads up to the end of the last files'
+        batch (a batch's bounds are fixed by the fused op), then the end marker,
+        alone in its batch; neither is read or decoded (`tf_kernel_dataset`).
+        PER_FILE: the end marker, a tiny PNG that its decode drops for nothing."""
+        if self.batching is Batching.PER_FILE:
+            key = np.asarray([base + MARKER], np.int64)
+            if self.reads is _Reads.PATHS:
+                return [os.fsencode(END_MARKER_FILE)], key
+            if self.reads is _Reads.BYTES:
+                return [END_MARKER], key
+            return [END_MARKER], np.asarray([-1], np.int64), key
         pads = -emitted % self.batch
         keys = np.full(pads + 1, base + PAD, np.int64)
         keys[-1] = base + MARKER
         empty = [b""] * (pads + 1)
+        if self.xpng:
+            empty = [os.fsencode(END_MARKER_FILE) if self.reads is _Reads.PATHS else END_MARKER] * (pads + 1)
         if self.reads is _Reads.PINNED_OR_BYTES:
             return empty, np.full(pads + 1, -1, np.int64), keys
         return empty, keys
@@ -165,7 +231,8 @@ class _TFKernelEpochs:
     def epoch(self):
         keep_read_buffers()  # after TF's own setting for from_generator (dali_loader.malloc)
         registry = self.registry
-        auditor = Auditor(lambda: self.feed.epoch(*self.which), self.recover)
+        recover = self.recover if self.batching is Batching.FUSED else self.diagnose
+        auditor = Auditor(lambda: self.feed.epoch(*self.which), recover)
         token = registry.open(auditor)
         base = np.int64(token) * KEY_STRIDE
         emitted = 0
@@ -227,19 +294,6 @@ def _decode_calls(num_threads: int | None) -> int:
     return num_threads or CALLS_PER_CORE * default_num_threads()
 
 
-def _map_and_batch(tf, ds, fn: Callable, batch: int, calls: int):
-    """`ds.map(fn).batch(batch)` as TF's one fused op: what grappler's
-    `map_and_batch_fusion` makes of Keras's own pipeline, here whatever the
-    user's options say, because the audit relies on what it does: batches in
-    order, each of `batch` elements in a row (the last one shorter), and a
-    failing call fails its whole batch, whose bounds stay where they were."""
-    from tensorflow.python.util import deprecation
-
-    with deprecation.silence():  # the op is current; its public name is deprecated
-        return ds.apply(tf.data.experimental.map_and_batch(
-            fn, batch, num_parallel_calls=calls))
-
-
 def _either(tf, pred, then: Callable, otherwise: Callable, *args):
     """`then(*args)` where `pred`, else `otherwise(*args)`; only the branch taken
     runs. TF's `Switch` and `Merge` ops, which `tf.cond` is lowered to: a
@@ -256,20 +310,23 @@ def tf_kernel_dataset(tf, feed: Feed, spec: ImageSpec, batch_size: int | None,
                        labelled: Callable = lambda x, y: (x, y)):
     """The TF path over files: `labelled(x, y)` makes each batch's labels Keras's.
 
-    The generator's elements, unbatched; TF's decode and batch as one fused op
-    (`_map_and_batch`); `ignore_errors()`, which drops a batch holding a failing
-    file; the audit's map, which checks each batch, puts back before it the files
-    it recovered from a dropped one, drops the pads and the marker, and makes the
-    labels; `rebatch`, which evens the sizes out again (no function; full batches
-    pass through without a copy). Each function in the pipeline is instantiated
-    again for every iterator (about 3 ms each here), so the audit, the recovery
-    and the labels share one map.
+    The generator's elements, unbatched; the decode and the batch (`Batching`:
+    FUSED, as one op, `single_device.map_and_batch`, then `ignore_errors()`, which drops a batch
+    holding a failing file; PER_FILE, the decode's map, `ignore_errors()`, which
+    drops the file, then the batch); the audit's map, which checks each batch,
+    drops the pads and the marker, makes the labels, and with FUSED puts back
+    before the batch the files it recovered from a dropped one; `rebatch`, which
+    evens the sizes out again (no function; full batches pass through without a
+    copy). Each function in the pipeline is instantiated again for every iterator
+    (about 3 ms each here), so the audit, the recovery and the labels share one
+    map, and PER_FILE's functions have no branch (about 5 ms per `iter()` more).
 
-    Measured on 512 JPEGs (issue 29), against the map, `ignore_errors()` and the
-    batch as three steps: context switches per image 4.50-4.55 -> 3.79-3.80, below
-    Keras's 4.0; best epoch 0.90-0.92x -> 0.95-1.06x Keras's (docs/benchmarks.md)."""
+    Measured on 512 JPEGs (issue 29), FUSED against PER_FILE: context switches per
+    image 4.50-4.55 -> 3.79-3.80, below Keras's 4.0; best epoch 0.90-0.92x ->
+    0.95-1.06x Keras's (docs/benchmarks.md)."""
     batch = batch_size or 32
-    epochs = _TFKernelEpochs(tf, feed, spec, which, batch)
+    batching = Batching.of(feed.num_files, batch)
+    epochs = _TFKernelEpochs(tf, feed, spec, which, batch, batching)
     vec = tf.TensorSpec((None,), tf.int64)
     files = (tf.TensorSpec((None,), tf.string),)
     if epochs.reads is _Reads.PINNED_OR_BYTES:
@@ -282,11 +339,14 @@ def tf_kernel_dataset(tf, feed: Feed, spec: ImageSpec, batch_size: int | None,
     # named .png gets Keras's decode alone (plan.has_pngs).
     native = getattr(feed, "png_decoder", None) is PngDecoder.WUFFS
     dtype = tf.uint8 if spec.output_uint8 else tf.float32
+    fused = batching is Batching.FUSED
 
     def zeros(data, *_):  # for a pad or the marker: nothing read or decoded
         return tf.fill(spec.shape, tf.cast(tf.strings.length(data) * 0, dtype))
 
     def unless_pad(key, image: Callable, *args):
+        if not fused or os.environ.get("X_PNGPAD"):  # no pads; the marker decodes
+            return image(*args)
         img = _either(tf, tf.math.floormod(key, KEY_STRIDE) >= PAD, zeros, image, *args)
         img.set_shape(spec.shape)
         return img
@@ -308,8 +368,13 @@ def tf_kernel_dataset(tf, feed: Feed, spec: ImageSpec, batch_size: int | None,
     # Fixed from the first batch on: AUTOTUNE ramps up over a few batches, which
     # short epochs feel. `num_threads` decodes, or by default `CALLS_PER_CORE`
     # calls per core (`_decode_calls`).
-    ds = _map_and_batch(tf, ds.unbatch(), plain(decode), batch,
-                        _decode_calls(num_threads)).ignore_errors()
+    # Every map single-device (`single_device`): about 3-4 ms less per function and
+    # `iter()`; in order (the audit checks positions in order).
+    calls = _decode_calls(num_threads)
+    if fused:
+        ds = map_and_batch(tf, ds.unbatch(), plain(decode), batch, calls).ignore_errors()
+    else:
+        ds = map_(tf, ds.unbatch(), plain(decode), calls).ignore_errors().batch(batch)
     empty = np.zeros((0, *spec.shape), np.uint8 if spec.output_uint8 else np.float32)
     weak_check = _weakly(epochs, "check", _no_check)
 
@@ -318,9 +383,11 @@ def tf_kernel_dataset(tf, feed: Feed, spec: ImageSpec, batch_size: int | None,
 
     def audit(x, keys):
         extra, y, n = tf.numpy_function(check, [keys], (dtype, tf.int32, tf.int64))
-        extra.set_shape(x.shape)
         y.set_shape((None,))
         n.set_shape(())
+        if not fused:  # nothing recovered (`diagnose`); the marker dropped, no copy
+            return labelled(x[:n], y)
+        extra.set_shape(x.shape)
         # The files recovered first, then the batch's, less the pads and the marker:
         # a new tensor where anything changes (a slice alone is a sub-buffer, which
         # TF's later ops log errors about), the batch itself, no copy, where not.
@@ -331,5 +398,5 @@ def tf_kernel_dataset(tf, feed: Feed, spec: ImageSpec, batch_size: int | None,
         x.set_shape(shape)
         return labelled(x, y)
 
-    ds = ds.map(plain(audit)).rebatch(batch)
+    ds = guarded(tf, map_(tf, ds, plain(audit)).rebatch(batch))
     return (ds.unbatch() if batch_size is None else ds), epochs.registry
