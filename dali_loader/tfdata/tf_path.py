@@ -139,7 +139,6 @@ class _TFKernelEpochs:
         self.which = which
         self.batch = batch
         self.batching = batching
-        self.xpng = os.environ.get("X_PNGPAD")
         self.reads = _Reads.of(feed.items)
         self.registry = AuditRegistry()
         self.generators = _Generators(self.epoch)
@@ -222,8 +221,6 @@ class _TFKernelEpochs:
         keys = np.full(pads + 1, base + PAD, np.int64)
         keys[-1] = base + MARKER
         empty = [b""] * (pads + 1)
-        if self.xpng:
-            empty = [os.fsencode(END_MARKER_FILE) if self.reads is _Reads.PATHS else END_MARKER] * (pads + 1)
         if self.reads is _Reads.PINNED_OR_BYTES:
             return empty, np.full(pads + 1, -1, np.int64), keys
         return empty, keys
@@ -345,7 +342,7 @@ def tf_kernel_dataset(tf, feed: Feed, spec: ImageSpec, batch_size: int | None,
         return tf.fill(spec.shape, tf.cast(tf.strings.length(data) * 0, dtype))
 
     def unless_pad(key, image: Callable, *args):
-        if not fused or os.environ.get("X_PNGPAD"):  # no pads; the marker decodes
+        if not fused:  # no pads; the marker decodes
             return image(*args)
         img = _either(tf, tf.math.floormod(key, KEY_STRIDE) >= PAD, zeros, image, *args)
         img.set_shape(spec.shape)
