@@ -15,8 +15,8 @@ a file TF drops is named, never lost. Two graphs, by files per epoch (`Batching`
   marker has a batch of its own (pads fill the last files' batch); neither is
   read or decoded.
 - PER_FILE, below: the decode as a map, `ignore_errors()` per file, then the
-  batch; the end marker, a valid tiny PNG, rides through the decode. Its fixed
-  cost per epoch is lower (no branch in its functions).
+  batch; the end marker, a valid tiny PNG, rides through the decode. No pads,
+  which on a folder of a few batches cost more than the fusion saves.
 Each iterator runs its own generator (`generators`): one independent epoch each.
 """
 
@@ -111,8 +111,9 @@ class Batching(enum.Enum):
     grappler: less CPU and fewer thread hand-offs per image; a failing file drops
     its whole batch, which the audit decodes again; pads and a branch on the key
     keep the end marker alone in its batch. PER_FILE: the decode as a map,
-    `ignore_errors()` per file, then the batch; no branch in its functions, so a
-    lower fixed cost per `iter()`, for folders of a few batches."""
+    `ignore_errors()` per file, then the batch; no pads (up to a batch less one
+    per epoch, about 70 µs each), which below a few batches cost more than the
+    fusion saves (docs/benchmarks.md, issue 29)."""
 
     FUSED = "fused"
     PER_FILE = "per_file"
@@ -308,19 +309,20 @@ def tf_kernel_dataset(tf, feed: Feed, spec: ImageSpec, batch_size: int | None,
     """The TF path over files: `labelled(x, y)` makes each batch's labels Keras's.
 
     The generator's elements, unbatched; the decode and the batch (`Batching`:
-    FUSED, as one op, `single_device.map_and_batch`, then `ignore_errors()`, which drops a batch
-    holding a failing file; PER_FILE, the decode's map, `ignore_errors()`, which
-    drops the file, then the batch); the audit's map, which checks each batch,
-    drops the pads and the marker, makes the labels, and with FUSED puts back
-    before the batch the files it recovered from a dropped one; `rebatch`, which
-    evens the sizes out again (no function; full batches pass through without a
-    copy). Each function in the pipeline is instantiated again for every iterator
-    (about 3 ms each here), so the audit, the recovery and the labels share one
-    map, and PER_FILE's functions have no branch (about 5 ms per `iter()` more).
+    FUSED, as one op, `single_device.map_and_batch`, then `ignore_errors()`, which
+    drops a batch holding a failing file; PER_FILE, the decode's map,
+    `ignore_errors()`, which drops the file, then the batch); the audit's map,
+    which checks each batch, drops the pads and the marker, makes the labels, and
+    with FUSED puts back before the batch the files it recovered from a dropped
+    one; `rebatch`, which evens the sizes out again (no function; full batches
+    pass through without a copy). Each function in the pipeline is instantiated
+    again for every iterator, so the audit, the recovery and the labels share one
+    map, and every function is single-device (`single_device`: about 0.2 ms each
+    instead of 3-4 ms).
 
-    Measured on 512 JPEGs (issue 29), FUSED against PER_FILE: context switches per
-    image 4.50-4.55 -> 3.79-3.80, below Keras's 4.0; best epoch 0.90-0.92x ->
-    0.95-1.06x Keras's (docs/benchmarks.md)."""
+    Measured (issue 29, docs/benchmarks.md): `iter()` 1.4 ms of CPU, Keras's 4.3;
+    on 512 JPEGs FUSED against the per-file map of before: context switches per
+    image 4.50-4.55 -> 3.79-3.80, below Keras's 4.0."""
     batch = batch_size or 32
     batching = Batching.of(feed.num_files, batch)
     epochs = _TFKernelEpochs(tf, feed, spec, which, batch, batching)
