@@ -24,7 +24,8 @@ from collections.abc import Callable
 
 ENV = "DALI_LOADER_SINGLE_DEVICE_MAPS"  # "0": TF's own (multi-device) functions
 SINGLE_DEVICE = {"experimental_ints_on_device": True}
-_probed: dict[str, bool] = {}
+_probed: dict[str, bool] = {}  # "ok": `supported`'s answer, once per process
+_classes_built: list[tuple[type, type]] = []
 
 
 def no_function_passes(tf):
@@ -48,10 +49,11 @@ def _wrap(fn: Callable, name: str, ds):
 
 def _classes():
     """The two dataset classes, built on first use (TF's modules imported lazily)."""
-    if "classes" in _probed:
-        return _probed["classes"]
+    if _classes_built:
+        return _classes_built[0]
     from tensorflow.python.data.experimental.ops import batching
     from tensorflow.python.data.ops import dataset_ops
+    from tensorflow.python.data.util import nest
     from tensorflow.python.framework import dtypes, ops
     from tensorflow.python.ops import gen_dataset_ops, gen_experimental_dataset_ops
 
@@ -91,7 +93,8 @@ def _classes():
         def __init__(self, input_dataset, fn: Callable, batch: int, calls: int):
             self._input_dataset = input_dataset
             self._map_func = _wrap(fn, "tf.data.experimental.map_and_batch()", input_dataset)
-            self._element_spec = tf_nest_batched(self._map_func.output_structure)
+            self._element_spec = nest.map_structure(lambda spec: spec._batch(None),
+                                                    self._map_func.output_structure)
             func = self._map_func.function
             self._num_parallel_calls_t = ops.convert_to_tensor(calls, dtypes.int64)
             variant = gen_experimental_dataset_ops.map_and_batch_dataset(
@@ -102,12 +105,7 @@ def _classes():
                 preserve_cardinality=True, **self._flat_structure)
             dataset_ops.UnaryDataset.__init__(self, input_dataset, variant)
 
-    def tf_nest_batched(structure):
-        from tensorflow.python.data.util import nest
-
-        return nest.map_structure(lambda spec: spec._batch(None), structure)
-
-    _probed["classes"] = (Map, MapAndBatch)
+    _classes_built.append((Map, MapAndBatch))
     return Map, MapAndBatch
 
 
