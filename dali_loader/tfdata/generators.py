@@ -125,8 +125,9 @@ _single_device: dict[str, type | None] = {}  # the class, or None: probed once
 
 def _single_device_class(tf) -> type | None:
     """TF's `_GeneratorDataset` with `init` and `finalize` as single-device
-    functions (and `next` where asked), or None where this TF lacks or refuses it (probed once per process
-    on a two-element generator: the fallback is TF's own class)."""
+    functions (and `next` where asked), or None where this TF lacks or refuses
+    it (probed once per process on a two-element generator: the fallback is TF's
+    own class)."""
     if "cls" in _single_device:
         return _single_device["cls"]
     plain = tf.autograph.experimental.do_not_convert
