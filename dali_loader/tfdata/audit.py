@@ -1,17 +1,17 @@
 """The TF path's audit: every file an iteration emitted is delivered, or named.
 
-TF's kernels decode and batch in one fused op under `ignore_errors()`, which
-drops a batch holding a failing file, without a word. Each iteration gets an
-`Auditor`, registered under a token that rides along with every element: the
-surviving positions are checked, in order, against what that iteration emitted.
-A gap is a dropped batch: the auditor reads each of its files again and decodes
-it eagerly (`recover`). The files that decode are handed back, in order, to be
-delivered before the batch that revealed the gap; a file that does not is named
-(unreadable, corrupt, or unresizable) and handed to the iteration's `on_error`
-handler. Each iteration ends with a marker in a batch of its own, which no
-decode can drop, so a gap at its very end is caught too, and an exception of the
-feed is held and raised there (raised earlier, `ignore_errors()` would swallow
-it and cut the epoch short).
+TF's kernels decode under `ignore_errors()`, which drops, without a word, a
+failing file (the per-file graph) or the whole batch holding it (the decode fused
+with the batch; `tf_path.Batching`). Each iteration gets an `Auditor`, registered
+under a token that rides along with every element: the surviving positions are
+checked, in order, against what that iteration emitted. A gap is what dropped:
+the auditor reads each of its files again and decodes it eagerly (`recover`). The
+files that decode are handed back, in order, to be delivered before the batch
+that revealed the gap; a file that does not is named (unreadable, corrupt, or
+unresizable) and handed to the iteration's `on_error` handler. Each iteration
+ends with a marker no decode can drop, so a gap at its very end is caught too,
+and an exception of the feed is held and raised there (raised earlier,
+`ignore_errors()` would swallow it and cut the epoch short).
 """
 
 from __future__ import annotations
