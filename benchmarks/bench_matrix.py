@@ -11,6 +11,7 @@ batch of an unshuffled epoch is Keras's bit for bit.
     .venv/bin/python benchmarks/bench_matrix.py                 # the whole matrix (< 15 min)
     .venv/bin/python benchmarks/bench_matrix.py --only png32 png8 --counts 10000
     .venv/bin/python benchmarks/bench_matrix.py --quick         # one small cell per kind
+    .venv/bin/python benchmarks/bench_matrix.py --only png32 --code ../before   # another build
 
 Images are photo-like (`dali_loader.tools.sample`: crops of real pictures with sensor-like
 noise) at each shape, written once under `--data` (default `out/matrix-data`, reused by
@@ -32,7 +33,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-sys.path.insert(0, ROOT)
+# The loader timed: this checkout's, or another one's (`--code DIR`, e.g. a "before" build).
+sys.path.insert(0, os.environ.get("BENCH_MATRIX_CODE") or ROOT)
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 DISTINCT = 2048  # distinct files per kind; more are hard links to them
@@ -92,6 +94,8 @@ def _write_distinct(kind: Kind, folder: str, n: int) -> None:
         return
     for d, _, files in os.walk(folder):
         for f in files:
+            if f.startswith("."):
+                continue
             p = os.path.join(d, f)
             with Image.open(p) as im:
                 im.load()
@@ -116,10 +120,9 @@ def folder(kind: Kind, count: int, data: str) -> str:
     if os.path.isfile(os.path.join(out, ".done")):
         return out
     base = os.path.join(data, f"{kind.name}-distinct")
-    distinct = min(count, DISTINCT)
-    if not os.path.isfile(os.path.join(base, f".done{distinct}")):
-        _write_distinct(kind, base, max(distinct, 16))
-        open(os.path.join(base, f".done{distinct}"), "w").close()
+    if not os.path.isfile(os.path.join(base, ".done")):
+        _write_distinct(kind, base, min(max(kind.counts), DISTINCT))
+        open(os.path.join(base, ".done"), "w").close()
     files = sorted(os.path.join(d, f) for d, _, fs in os.walk(base) for f in fs
                    if not f.startswith("."))
     for i in range(count):
@@ -177,8 +180,12 @@ def child(kind: Kind, data: str, counts: list[int], min_epochs: int, seconds: fl
         root = folder(kind, count, data)
         for cm in kind.color_modes:
             if kind.fuse:
-                from dali_loader.testing.slowfuse import SlowMount
+                from dali_loader.testing.slowfuse import SlowMount, fuse_problem
 
+                if fuse_problem():
+                    print(json.dumps({"kind": kind.name, "count": count, "color_mode": cm,
+                                      "skipped": f"no FUSE mount: {fuse_problem()}"}), flush=True)
+                    continue
                 with tempfile.TemporaryDirectory() as tmp, \
                         SlowMount(root, os.path.join(tmp, "mnt"), delay=FUSE_DELAY) as m:
                     r = run_cell(m.mount, kind, cm, min_epochs, seconds)
@@ -219,6 +226,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="where the folders are written (kept for later runs)")
     p.add_argument("--out", default=os.path.join(ROOT, "out", "matrix.json"),
                    help="every cell's epochs, as JSON lines")
+    p.add_argument("--code", help="time the loader of another checkout (its root folder, built)")
     p.add_argument("--child", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     kinds = {k.name: k for k in KINDS}
@@ -229,9 +237,11 @@ def main(argv: list[str] | None = None) -> int:
         counts = [c for c in kind.counts if not a.counts or c in a.counts]
         child(kind, a.data, counts[:1] if a.quick else counts, a.epochs, a.seconds)
         return 0
+    if a.code:
+        os.environ["BENCH_MATRIX_CODE"] = os.path.abspath(a.code)
     os.makedirs(a.data, exist_ok=True)
     os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
-    cells, started = [], time.time()
+    cells, started, failed = [], time.time(), 0
     with open(a.out, "w") as log:
         for name in a.only or kinds:
             cmd = [sys.executable, __file__, "--child", name, "--data", a.data,
@@ -242,20 +252,24 @@ def main(argv: list[str] | None = None) -> int:
             if r.returncode:
                 sys.stderr.write(r.stderr[-4000:])
                 print(f"{name}: failed (exit {r.returncode})", file=sys.stderr)
-                return r.returncode
+                failed += 1
             for line in r.stdout.splitlines():
                 if line.startswith("{"):
                     cell = json.loads(line)
-                    cells.append(cell)
                     log.write(line + "\n")
+                    if "skipped" in cell:
+                        print(f"{name}: skipped, {cell['skipped']}", file=sys.stderr)
+                        continue
+                    cells.append(cell)
                     print(f"{time.time() - started:6.0f} s  {name} {cell['count']:,} "
                           f"{cell['color_mode']}: ours/Keras "
                           f"{cell['ours']['img_s'] / cell['keras']['img_s']:.2f}x img/s, "
                           f"{cell['ours']['cpu_ms'] / cell['keras']['cpu_ms']:.2f}x CPU/img",
                           file=sys.stderr, flush=True)
     print(table(cells))
-    print(f"\n{len(cells)} cells in {time.time() - started:.0f} s.")
-    return 0
+    print(f"\n{len(cells)} cells in {time.time() - started:.0f} s"
+          + (f"; {failed} kinds failed (above)." if failed else "."))
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@
  */
 
 #include <stdbool.h>
+#include <stdint.h>
 
 static bool dl_have_x86_sse42(void);
 static bool dl_have_x86_avx2(void);
@@ -40,17 +41,25 @@ static bool dl_have_x86_bmi2(void);
 
 #include "wuffs-unsupported-snapshot.c"
 
+/* The probes run so far (png_core.h's dl_png_get_counts). */
+static uint64_t dl_probes_run = 0;
+
+uint64_t dl_wuffs_cpu_probes(void) {
+  return __atomic_load_n(&dl_probes_run, __ATOMIC_RELAXED);
+}
+
 /* -1: not probed yet; else the probe's answer. Threads that race on the first call
  * each probe and store the same answer. */
-#define DL_CACHED_PROBE(name)                                   \
-  static int dl_##name##_answer = -1;                           \
-  static bool dl_have_##name(void) {                            \
-    int v = __atomic_load_n(&dl_##name##_answer, __ATOMIC_RELAXED); \
-    if (v < 0) {                                                \
-      v = dl_probe_##name() ? 1 : 0;                            \
-      __atomic_store_n(&dl_##name##_answer, v, __ATOMIC_RELAXED); \
-    }                                                           \
-    return v != 0;                                              \
+#define DL_CACHED_PROBE(name)                                         \
+  static int dl_##name##_answer = -1;                                 \
+  static bool dl_have_##name(void) {                                  \
+    int v = __atomic_load_n(&dl_##name##_answer, __ATOMIC_RELAXED);   \
+    if (v < 0) {                                                      \
+      v = dl_probe_##name() ? 1 : 0;                                  \
+      __atomic_add_fetch(&dl_probes_run, 1, __ATOMIC_RELAXED);        \
+      __atomic_store_n(&dl_##name##_answer, v, __ATOMIC_RELAXED);     \
+    }                                                                 \
+    return v != 0;                                                    \
   }
 
 DL_CACHED_PROBE(x86_sse42)
