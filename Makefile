@@ -30,8 +30,9 @@ $(STAMP): pyproject.toml Makefile
 	$(VPY) -m pip install -q -e ".[test,bench,png]"
 	touch $(STAMP)
 
-# 4. The native PNG core (Wuffs' C from the pywuffs sdist + png_core.cc, a few s of g++).
-$(NATIVE_BUILD)/libdlpng.so: $(STAMP) $(NATIVE)/png_core.cc $(NATIVE)/png_core.h $(NATIVE)/build.py
+# 4. The native core: PNG (Wuffs' C from the pywuffs sdist + png_core.cc) and the compact
+#    cache entries (zstd's amalgamation from the zstandard sdist + entry_core.cc), ~30 s of g++.
+$(NATIVE_BUILD)/libdlpng.so: $(STAMP) $(NATIVE)/png_core.cc $(NATIVE)/png_core.h $(NATIVE)/entry_core.cc $(NATIVE)/entry_core.h $(NATIVE)/build.py
 	$(VPY) -m dali_loader.native.build
 	touch $@
 
