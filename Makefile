@@ -37,14 +37,14 @@ $(NATIVE_BUILD)/libdlpng.so: $(STAMP) $(NATIVE)/png_core.cc $(NATIVE)/png_core.h
 	touch $@
 
 # 5. The core as a TF op, against the installed TF (about 15 s of g++).
-$(NATIVE_BUILD)/dl_tf_png.so: $(NATIVE_BUILD)/libdlpng.so $(NATIVE)/tf_png_op.cc $(NATIVE)/build_tf.py
+$(NATIVE_BUILD)/dl_tf_png.so: $(NATIVE_BUILD)/libdlpng.so $(NATIVE)/tf_png_op.cc $(NATIVE)/entry_core.h $(NATIVE)/build_tf.py
 	$(VPY) -m dali_loader.native.build_tf
 	touch $@
 
 # 6. The core as a DALI CPU operator (about 5 s of g++). DALI's headers include CUDA's:
 #    their include folders come from three pinned NVIDIA wheels (pip download, kept
 #    under _build/; nothing installed, no CUDA toolkit).
-$(NATIVE_BUILD)/dl_dali_png.so: $(NATIVE_BUILD)/libdlpng.so $(NATIVE)/dali_png_op.cc $(NATIVE)/build_dali.py
+$(NATIVE_BUILD)/dl_dali_png.so: $(NATIVE_BUILD)/libdlpng.so $(NATIVE)/dali_png_op.cc $(NATIVE)/entry_core.h $(NATIVE)/build_dali.py
 	$(VPY) -m dali_loader.native.build_dali
 	touch $@
 

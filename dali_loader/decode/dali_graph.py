@@ -315,7 +315,8 @@ def build_pipeline(
     Args:
         source: An iterable of batches (lists of 1-D uint8 numpy arrays; for
             `Input.PIXELS`, HWC uint8 arrays: CuPy with `gpu`, else numpy; for
-            `Input.READY_RAW`, `raw_views` of the entries);
+            `Input.READY_RAW`, `raw_views` of the entries; for `Input.READY_COMPACT`,
+            the entries' bytes, decoded by the native operator);
             raising StopIteration ends an epoch (`cycle="raise"`).
         spec: The output image spec.
         batch_size: The largest batch `source` yields.
@@ -357,6 +358,13 @@ def build_pipeline(
         )
         if input is Input.READY_RAW:
             return image_graph(dali, enc.gpu() if gpu else enc, spec, gpu, Input.PIXELS)
+        if input is Input.READY_COMPACT:
+            # Compact entries: the native core's operator on DALI's CPU threads; its
+            # pixels then go to the device as raw entries' do.
+            from dali_loader.decode.dali_png import entry_decode
+
+            img = entry_decode(dali, enc, None)
+            return image_graph(dali, img.gpu() if gpu else img, spec, gpu, Input.PIXELS)
         return image_graph(dali, enc, spec, gpu, input, **native_kw)
 
     pipe = make_pipeline(graph, spec, batch_size, gpu=gpu, device_id=device_id,
