@@ -130,7 +130,7 @@ def test_every_cut_and_every_bit_flip_is_refused():
         np.testing.assert_array_equal(got, px)  # a flip that changes nothing decoded
     assert refused >= len(entry) * 8 - 8, refused
     with pytest.raises(compact.EntryError, match="bytes after the last chunk"):
-        compact.info(entry + b"\0")
+        compact.info(bytes(entry) + b"\0")
 
 
 def test_mutants_are_refused_or_exact():

@@ -16,6 +16,7 @@ import os
 import threading
 
 from dali_loader.formats.limits import CORE_MAX_PIXELS as MAX_PIXELS
+from dali_loader.formats.limits import ENTRY_MAX_PIXELS
 from dali_loader.lazy import import_dali
 
 logger = logging.getLogger(__name__)
@@ -88,5 +89,5 @@ def entry_decode(dali, entries, max_pixels: int | None):
     if not load():
         raise RuntimeError(f"The native decoder for DALI is not available: "
                            f"{unavailable_reason()}")
-    limit = CORE_MAX_PIXELS if max_pixels is None else min(int(max_pixels), CORE_MAX_PIXELS)
+    limit = ENTRY_MAX_PIXELS if max_pixels is None else int(max_pixels)
     return dali.fn.dali_loader.entry_decode(entries, max_pixels=limit)

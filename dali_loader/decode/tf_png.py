@@ -18,7 +18,7 @@ import logging
 import threading
 from pathlib import Path
 
-from dali_loader.formats.limits import CORE_MAX_PIXELS
+from dali_loader.formats.limits import CORE_MAX_PIXELS, ENTRY_MAX_PIXELS
 
 logger = logging.getLogger(__name__)
 
@@ -96,7 +96,8 @@ def decode_image_like_keras(data, channels: int, tf):
     return out
 
 
-def decode_entries(entries, bounds, offsets, shapes, total, max_pixels: int = OP_MAX_PIXELS):
+def decode_entries(entries, bounds, offsets, shapes, total,
+                   max_pixels: int = ENTRY_MAX_PIXELS):
     """The op library's `DaliLoaderDecodeEntries`: a batch of compact GPU-ready cache
     entries (`formats.compact`), entry i being `entries[bounds[i]:bounds[i+1]]`, decoded
     by the native core into one flat uint8 [total] tensor, image i at `offsets[i]` with

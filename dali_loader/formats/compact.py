@@ -25,6 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
+from dali_loader.formats.limits import ENTRY_MAX_PIXELS
+
 MAGIC = b"DLZ1"
 VERSION = 1
 FIXED_HEADER = 32
@@ -35,7 +37,7 @@ CODEC_ZSTD = 1
 FILTER = FILTER_UP
 LEVEL = 1
 CHUNK_BYTES = 64 * 1024
-MAX_PIXELS = 1 << 28  # the core's default (entry_core.cc)
+MAX_PIXELS = ENTRY_MAX_PIXELS  # the core's default too (entry_core.cc)
 
 LIBRARY = Path(__file__).resolve().parent.parent / "native" / "_build" / "libdlpng.so"
 BUILD_HINT = ("the native core is not built: run `python -m dali_loader.native.build` "
@@ -126,8 +128,10 @@ def _buffer(data) -> tuple[np.ndarray, int]:
 
 
 def encode(pixels: np.ndarray, filter: int = FILTER, level: int = LEVEL,
-           chunk_bytes: int = CHUNK_BYTES) -> bytes:
-    """HxWxC uint8 `pixels` (C in 1, 3, 4) as a compact entry (the native core)."""
+           chunk_bytes: int = CHUNK_BYTES) -> memoryview:
+    """HxWxC uint8 `pixels` (C in 1, 3, 4) as a compact entry (the native core): a
+    view of the buffer it was written into (no copy; its untouched pages, up to
+    the worst-case bound, cost no memory)."""
     if pixels.dtype != np.uint8 or pixels.ndim != 3 or pixels.shape[2] not in (1, 3, 4):
         raise ValueError("Expected HxWxC uint8 pixels with C in (1, 3, 4). "
                          f"Received: shape={pixels.shape}, dtype={pixels.dtype}")
@@ -145,7 +149,7 @@ def encode(pixels: np.ndarray, filter: int = FILTER, level: int = LEVEL,
                            out.ctypes.data, bound, ctypes.byref(size), ctypes.byref(why)):
         raise ValueError(f"The core could not write the entry ({why.value.decode()}). "
                          f"Received: filter={filter}, level={level}")
-    return out[:size.value].tobytes()
+    return memoryview(out)[:size.value]
 
 
 def info(data, max_pixels: int | None = MAX_PIXELS) -> EntryInfo:

@@ -220,7 +220,7 @@ damaged entry fails the batch, naming why.)")
     .NumInput(1)
     .NumOutput(1)
     .AddOptionalArg("max_pixels", "Refuse entries whose header claims more pixels.",
-                    int64_t{1} << 28);
+                    int64_t{1} << 30);
 
 DALI_REGISTER_OPERATOR(dali_loader__PngDecode, ::dali_loader::PngDecode, ::dali::CPU);
 

@@ -17,7 +17,7 @@
 
 namespace {
 
-constexpr uint64_t kDefaultMaxPixels = 1ull << 28;
+constexpr uint64_t kDefaultMaxPixels = 1ull << 30;  // formats.limits.ENTRY_MAX_PIXELS
 constexpr uint32_t kMinChunk = 64, kMaxChunk = 1u << 30;
 constexpr uint8_t kMagic[4] = {'D', 'L', 'Z', '1'};
 constexpr uint8_t kVersion = 1;

@@ -47,7 +47,7 @@ typedef struct {
 
 /* Reads and checks an entry's header and chunk table (and each chunk's zstd frame
  * header) without decompressing. DL_ENTRY_OK, or DL_ENTRY_BAD with *reason (a
- * static string). `max_pixels` 0 means 1 << 28. */
+ * static string). `max_pixels` 0 means 1 << 30 (formats.limits.ENTRY_MAX_PIXELS). */
 int dl_entry_info_of(const uint8_t* data, size_t size, uint64_t max_pixels,
                      dl_entry_info* info, const char** reason);
 

@@ -129,7 +129,7 @@ REGISTER_OP("DaliLoaderDecodeEntries")
     .Input("offsets: int64")
     .Input("shapes: int32")
     .Input("total: int64")
-    .Attr("max_pixels: int = 268435456")
+    .Attr("max_pixels: int = 1073741824")
     .Output("pixels: uint8")
     .Output("ok: bool")
     .SetShapeFn([](shape_inference::InferenceContext* c) {

@@ -40,7 +40,7 @@ def entry_bases() -> list[tuple[bytes, np.ndarray]]:
             [px, px[:, :, :1]], 2) if shape[2] == 4 else px)
         for filt in (compact.FILTER_NONE, compact.FILTER_UP, compact.FILTER_SUB):
             chunk = (64, 256, compact.CHUNK_BYTES)[(k + filt) % 3]
-            out.append((compact.encode(px, filt, 1, chunk), px))
+            out.append((bytes(compact.encode(px, filt, 1, chunk)), px))
     return out
 
 

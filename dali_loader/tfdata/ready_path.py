@@ -171,7 +171,7 @@ class _ReadyEpochs:
                 flat = _aligned_empty(int(bounds[-1]))
                 for entry, at in zip(entries, bounds):
                     flat[at:at + entry.nbytes] = np.frombuffer(entry.data, np.uint8)
-                paths = np.asarray([epoch.path(p) for p in positions], object)
+                paths = np.asarray([os.fsencode(epoch.path(p)) for p in positions], object)
                 epoch.release(positions)
                 labels = epoch.labels(positions)
                 yield (flat, shapes, offsets, (np.zeros(len(shapes), np.int32) if labels is None
@@ -188,7 +188,7 @@ class _ReadyEpochs:
         out = np.array(pixels)
         ready = self.feed.items.ready
         for i in np.flatnonzero(~np.asarray(ok)):
-            path = paths[i].decode() if isinstance(paths[i], bytes) else str(paths[i])
+            path = os.fsdecode(paths[i])
             shape = tuple(int(v) for v in shapes[i])
             px = decode(ready.fill(path), ready.form)
             if px.shape != shape:
