@@ -13,7 +13,14 @@ compact entries (`formats.compact.encode`: filter none / up / sub, zstd level 1 
 Times are the best of `--rounds` passes, interleaved per round. Every entry is checked
 to decode to the exact pixels.
 
+With `--epochs DIR` (a folder of images, e.g. `dali-loader bench`'s sample), it times
+instead whole epochs of `image_dataset_from_directory` (244x244, batch 128) through the
+GPU-ready cache, compact entries (`gpu_ready=True`) against raw ones (`gpu_ready="raw"`),
+on TF's kernels and on DALI (`decoder="dali"`): the filling epoch, then `--rounds`
+alternating cached epochs each (median and best img/s), and the cache's bytes.
+
     .venv/bin/python benchmarks/compact_entries.py [--photos 96] [--small 512] [--rounds 5]
+    .venv/bin/python benchmarks/compact_entries.py --epochs DIR [--rounds 5]
 """
 
 from __future__ import annotations
@@ -86,12 +93,54 @@ def measure(label: str, pngs: list[bytes], rounds: int) -> list[str]:
     return rows
 
 
+def _epoch(ds) -> float:
+    t0 = time.perf_counter()
+    n = sum(int(x.shape[0]) for x, _ in ds)
+    return n / (time.perf_counter() - t0)
+
+
+def epochs(root: str, rounds: int) -> list[str]:
+    """Filling and cached epochs, compact against raw entries, on both paths (markdown rows)."""
+    import statistics
+
+    from tf_adapter import image_dataset_from_directory
+
+    rows, sets = [], {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for decoder in ("tf", "dali"):
+            for form in (True, "raw"):
+                cache = os.path.join(tmp, f"{decoder}-{form}")
+                ds = image_dataset_from_directory(root, image_size=(244, 244), batch_size=128,
+                                                  decoder=decoder, gpu_ready=form,
+                                                  cache_dir=cache, verbose=False)
+                sets[decoder, form] = (ds, _epoch(ds), cache)
+        times = {k: [] for k in sets}
+        for _ in range(rounds):
+            for k, (ds, _, _) in sets.items():
+                times[k].append(_epoch(ds))
+        src = sum(p.stat().st_size for p in Path(root).rglob("*") if p.is_file())
+        for (decoder, form), (ds, fill, cache) in sets.items():
+            size = sum(p.stat().st_size for p in Path(cache).rglob("*") if p.is_file())
+            rows.append(f"| {decoder} | {'compact' if form is True else 'raw'} | {fill:.0f} | "
+                        f"{statistics.median(times[decoder, form]):.0f} | "
+                        f"{max(times[decoder, form]):.0f} | {size / src:.2f}x |")
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--photos", type=int, default=96)
     parser.add_argument("--small", type=int, default=512)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--epochs", metavar="DIR", help="time epochs over this image folder")
     args = parser.parse_args()
+    if args.epochs:
+        print(f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, "
+              f"{os.cpu_count()} cores, {args.epochs}, img/s")
+        print("| decoder | entries | filling epoch | cached, median | cached, best | cache / source |")
+        print("|---|---|---:|---:|---:|---:|")
+        print("\n".join(epochs(args.epochs, args.rounds)))
+        return
     with tempfile.TemporaryDirectory() as tmp:
         sets = [(f"{args.photos} photos 500x375", _pngs(os.path.join(tmp, "p"), args.photos,
                                                         (375, 500))),

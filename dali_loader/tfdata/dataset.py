@@ -124,8 +124,10 @@ def ready_cache(source: Source, form: ReadyForm, channels: int,
     Wuffs) or else TF's decoder."""
     decode = (functools.partial(_keras_pixels, channels, max_pixels) if pixels is None
               else pixels)
-    return ReadyCache(source, form, channels, decode,
-                      alloc=functools.partial(pooled_empty, import_tf()))
+    # Raw entries are read into TF's pooled memory (a large image's pixels reuse what TF
+    # freed after decoding it); compact entries are small bytes, read as they are.
+    alloc = None if form is ReadyForm.COMPACT else functools.partial(pooled_empty, import_tf())
+    return ReadyCache(source, form, channels, decode, alloc=alloc)
 
 
 def _keras_pixels(channels: int, max_pixels: int | None, data: bytes, path: str) -> np.ndarray:
