@@ -252,8 +252,9 @@ class ReadyPinned:
 
 
 class ReadyBytes:
-    """Item reader by index position: the entry's bytes (raw pixels for TF's
-    kernels or DALI; or a TIFF for DALI)."""
+    """Item reader by index position: the entry's bytes (compact entries for the
+    native TF op or DALI operator, their headers checked; raw pixels for DALI; or
+    a TIFF for DALI)."""
 
     io = True
     holds = False

@@ -253,6 +253,13 @@ def ready_dataset(tf, feed: Feed, spec: ImageSpec, batch_size: int | None,
     return ds.unbatch() if batch_size is None else ds
 
 
+def _loader_gone(*args):
+    """The refill's stand-in once the loader is gone: never the refused entries' zeros."""
+    raise RuntimeError("A compact GPU-ready cache entry was refused after its loader was "
+                       "closed: nothing can decode its file again. Iterate a dataset whose "
+                       f"loader is open. Received: {len(args)} arguments")
+
+
 def _compact_dataset(tf, epochs: _ReadyEpochs, spec: ImageSpec, batch_size: int | None,
                      num_threads: int | None):
     """`ready_dataset` for compact entries: the op decodes each batch's entries into
@@ -266,7 +273,7 @@ def _compact_dataset(tf, epochs: _ReadyEpochs, spec: ImageSpec, batch_size: int 
     ds = tf.data.Dataset.from_generator(_weakly(epochs, "compact_epoch", lambda: iter(())),
                                         output_signature=sig)
     ds._dali_epochs = epochs
-    refill = _weakly(epochs, "refill", lambda *a: a[0])
+    refill = _weakly(epochs, "refill", _loader_gone)
 
     def decoded(entries, shapes, offsets, y, bounds, total, paths):
         pixels, ok = decode_entries(entries, bounds, offsets, shapes, total)
