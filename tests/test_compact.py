@@ -171,3 +171,24 @@ def test_sanitizer_over_mutated_entries():
     for line, (_, px) in zip(lines, pairs):
         if line.startswith("ok"):
             assert line == f"ok {zlib.crc32(px.tobytes()):08x}"
+
+
+def test_zstd_source_is_the_sdists_amalgamation(monkeypatch, tmp_path):
+    """build.py takes zstd.c/zstd.h from the zstandard sdist (DL_ZSTD_SOURCE names a local
+    copy); anything else is refused, saying what it received."""
+    import tarfile
+
+    from dali_loader.native import build
+
+    monkeypatch.setattr(build, "_ZSTD_DIR", tmp_path / "zstd")
+    monkeypatch.setenv("DL_ZSTD_SOURCE", str(tmp_path / "zstd.c"))
+    with pytest.raises(FileNotFoundError, match="Received: DL_ZSTD_SOURCE="):
+        build.zstd_source()
+    fake = tmp_path / "zstandard-0.0.tar.gz"
+    with tarfile.open(fake, "w:gz") as tar:
+        for name in build.ZSTD_FILES:
+            (tmp_path / name).write_text(f"/* {name} */\n")
+            tar.add(tmp_path / name, arcname=f"zstandard-0.0/zstd/{name}")
+    monkeypatch.setenv("DL_ZSTD_SOURCE", str(fake))
+    got = build.zstd_source()
+    assert got == tmp_path / "zstd" / "zstd.c" and got.read_text() == "/* zstd.c */\n"
