@@ -3,7 +3,6 @@ entry decode (`entry_core.cc`), exact on sound entries, refusing hostile ones.""
 
 from __future__ import annotations
 
-import shutil
 import struct
 import zlib
 
@@ -152,15 +151,11 @@ def test_sanitizer_over_mutated_entries():
     """The entry decoder under ASan + UBSan (`fuzz_driver ... entry`): 50,000 mutants
     and the sound entries, no finding; what it decodes is the source's pixels. The same
     run from the command line: `python -m dali_loader.testing.fuzz_entry`."""
-    if not (shutil.which("g++") and shutil.which("gcc")):
-        pytest.skip("no C/C++ compiler (g++, gcc) to build the sanitizer driver")
-    from dali_loader.native import build
+    from helpers import sanitizer_driver
+
     from dali_loader.testing.fuzz_png import run_driver
 
-    try:
-        driver = build.sanitizer_driver()
-    except (RuntimeError, FileNotFoundError) as e:
-        pytest.skip(f"the sanitizer driver does not build here: {e}")
+    driver = sanitizer_driver()
     bases = fuzz_entry.entry_bases()
     result, lines = run_driver(driver, [e for e, _ in bases], verbose=True, entries=True)
     assert result.ok == len(bases)
