@@ -15,6 +15,9 @@
 
 #define DL_EXPORT extern "C" __attribute__((visibility("default")))
 
+// png_core.cc's CRC-32 (one hasher per thread for the whole core).
+extern "C" bool dl_crc32_of(const uint8_t* p, size_t n, uint32_t* out);
+
 namespace {
 
 constexpr uint64_t kDefaultMaxPixels = 1ull << 30;  // formats.limits.ENTRY_MAX_PIXELS
@@ -36,13 +39,11 @@ inline void put32(uint8_t* p, uint32_t v) {
 struct ThreadState {
   ZSTD_DCtx* dctx = nullptr;
   ZSTD_CCtx* cctx = nullptr;
-  wuffs_crc32__ieee_hasher* crc = nullptr;
   uint8_t* stage = nullptr;
   size_t stage_cap = 0;
   ~ThreadState() {
     ZSTD_freeDCtx(dctx);
     ZSTD_freeCCtx(cctx);
-    free(crc);
     free(stage);
   }
   uint8_t* get_stage(size_t n) {
@@ -57,30 +58,8 @@ struct ThreadState {
 
 thread_local ThreadState t_state;
 
-// CRC-32 (zlib's) of p[0:n]; false when out of memory.
-bool crc32_of(const uint8_t* p, size_t n, uint32_t* out) {
-  ThreadState& st = t_state;
-  if (st.crc == nullptr) {
-    st.crc = static_cast<wuffs_crc32__ieee_hasher*>(malloc(sizeof__wuffs_crc32__ieee_hasher()));
-    if (st.crc == nullptr) return false;
-  }
-  if (wuffs_crc32__ieee_hasher__initialize(st.crc, sizeof__wuffs_crc32__ieee_hasher(),
-                                           WUFFS_VERSION, WUFFS_INITIALIZE__DEFAULT_OPTIONS).repr) {
-    return false;
-  }
-  // Wuffs' slices are bounded by size_t; feed at most 1 GiB at a time anyway.
-  uint32_t crc = 0;
-  while (true) {
-    const size_t step = n < (size_t{1} << 30) ? n : (size_t{1} << 30);
-    crc = wuffs_crc32__ieee_hasher__update_u32(
-        st.crc, wuffs_base__make_slice_u8(const_cast<uint8_t*>(p), step));
-    p += step;
-    n -= step;
-    if (n == 0) break;
-  }
-  *out = crc;
-  return true;
-}
+// CRC-32 (zlib's) of p[0:n] (png_core.cc's, Wuffs' SIMD hasher); false when out of memory.
+bool crc32_of(const uint8_t* p, size_t n, uint32_t* out) { return dl_crc32_of(p, n, out); }
 
 // dst[k] += src[k] for k < n; dst and src do not overlap (the callers ensure it).
 inline void add_into(uint8_t* __restrict dst, const uint8_t* __restrict src, size_t n) {

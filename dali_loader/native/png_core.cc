@@ -83,8 +83,11 @@ struct ThreadState {
 
 thread_local ThreadState t_state;
 
-// CRC-32 of p[0:n] (Wuffs' SIMD hasher); false when out of memory.
-bool crc32(const uint8_t* p, size_t n, uint32_t* crc) {
+}  // namespace
+
+// CRC-32 (zlib's) of p[0:n] with Wuffs' SIMD hasher, one per thread; false when out of
+// memory. Shared with entry_core.cc (declared there; hidden outside the library).
+extern "C" bool dl_crc32_of(const uint8_t* p, size_t n, uint32_t* out) {
   ThreadState& st = t_state;
   if (st.crc == nullptr) {
     st.crc = static_cast<wuffs_crc32__ieee_hasher*>(malloc(sizeof__wuffs_crc32__ieee_hasher()));
@@ -94,10 +97,23 @@ bool crc32(const uint8_t* p, size_t n, uint32_t* crc) {
                                            WUFFS_VERSION, WUFFS_INITIALIZE__DEFAULT_OPTIONS).repr) {
     return false;
   }
-  *crc = wuffs_crc32__ieee_hasher__update_u32(
-      st.crc, wuffs_base__make_slice_u8(const_cast<uint8_t*>(p), n));
+  // Wuffs' slices are bounded by size_t; feed at most 1 GiB at a time anyway.
+  uint32_t crc = 0;
+  for (;;) {
+    const size_t step = n < (size_t{1} << 30) ? n : (size_t{1} << 30);
+    crc = wuffs_crc32__ieee_hasher__update_u32(
+        st.crc, wuffs_base__make_slice_u8(const_cast<uint8_t*>(p), step));
+    p += step;
+    n -= step;
+    if (n == 0) break;
+  }
+  *out = crc;
   return true;
 }
+
+namespace {
+
+bool crc32(const uint8_t* p, size_t n, uint32_t* crc) { return dl_crc32_of(p, n, crc); }
 
 // Whether p[0:n]'s CRC-32 is the big-endian uint32 at `want`.
 bool crc_ok(const uint8_t* p, size_t n, const uint8_t* want) {

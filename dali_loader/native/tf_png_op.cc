@@ -61,6 +61,22 @@ or says it did not (ok=false, an empty [0, 0, channels] image): the caller then
 decodes the file with TF's decoder.
 )doc");
 
+// The `max_pixels` attribute of both ops, which must be positive.
+bool MaxPixels(OpKernelConstruction* context, uint64_t* out) {
+  int64_t max_pixels = 0;
+  absl::Status status = context->GetAttr("max_pixels", &max_pixels);
+  if (status.ok() && max_pixels <= 0) {
+    status = absl::InvalidArgumentError(
+        absl::StrCat("max_pixels must be positive. Received: max_pixels=", max_pixels));
+  }
+  if (!status.ok()) {
+    context->CtxFailure(__FILE__, __LINE__, status);
+    return false;
+  }
+  *out = static_cast<uint64_t>(max_pixels);
+  return true;
+}
+
 class DaliLoaderDecodePngOp : public OpKernel {
  public:
   explicit DaliLoaderDecodePngOp(OpKernelConstruction* context) : OpKernel(context) {
@@ -70,12 +86,7 @@ class DaliLoaderDecodePngOp : public OpKernel {
                 absl::InvalidArgumentError(absl::StrCat("channels must be 1, 3 or 4. Received: channels=",
                                         channels)));
     channels_ = static_cast<int>(channels);
-    int64_t max_pixels;
-    OP_REQUIRES_OK(context, context->GetAttr("max_pixels", &max_pixels));
-    OP_REQUIRES(context, max_pixels > 0,
-                absl::InvalidArgumentError(absl::StrCat("max_pixels must be positive. Received: max_pixels=",
-                                        max_pixels)));
-    max_pixels_ = static_cast<uint64_t>(max_pixels);
+    MaxPixels(context, &max_pixels_);
   }
 
   void Compute(OpKernelContext* context) override {
@@ -154,12 +165,7 @@ CRC-32); where not, its pixels are zeros and the caller replaces them.
 class DaliLoaderDecodeEntriesOp : public OpKernel {
  public:
   explicit DaliLoaderDecodeEntriesOp(OpKernelConstruction* context) : OpKernel(context) {
-    int64_t max_pixels;
-    OP_REQUIRES_OK(context, context->GetAttr("max_pixels", &max_pixels));
-    OP_REQUIRES(context, max_pixels > 0,
-                absl::InvalidArgumentError(absl::StrCat(
-                    "max_pixels must be positive. Received: max_pixels=", max_pixels)));
-    max_pixels_ = static_cast<uint64_t>(max_pixels);
+    MaxPixels(context, &max_pixels_);
   }
 
   void Compute(OpKernelContext* context) override {
