@@ -162,9 +162,11 @@ def test_verdict_uses_the_png_decoder_that_runs():
     assert p["png_decoder"] == "libpng" and p["decode_bounds"]["wuffs"] is None
     assert p["wuffs_vs_libpng"] is None
     assert ("Wuffs (exactly TF's pixels; the default for gpu_ready fills) is not built here; "
-            "`make install` builds the native PNG core") in " ".join(p["advice"])
+            "`pip install --no-build-isolation` (in a checkout, `make install`) builds the "
+            "native PNG core") in " ".join(p["advice"])
     r = _flat(format_report(plain))
-    assert "decode, Wuffs not built (`make install` builds the native PNG core)" in r
+    assert ("decode, Wuffs not built (`pip install --no-build-isolation` (in a checkout, "
+            "`make install`) builds the native PNG core)") in r
     assert "decode+resize libpng (runs by default): 286 img/s" in r
 
     with pytest.raises(ValueError, match="Received: wuffs_all_cores=None"):
