@@ -12,7 +12,7 @@ each epoch (RSS growth over the process's baseline with TF imported, divided by 
 Then CPU per image again, the three loaders in turn in one process over several rounds
 (best and median), under glibc's default malloc and a tuned one, each in its own process.
 
-gs://: the fake GCS server (`dali_loader.testing.fakegcs`) in its own process, 100k
+gs://: the fake GCS server (`support.fakegcs`) in its own process, 100k
 objects in 100 class prefixes, 1000 per page, at 0, 20 and 50 ms per request. Per
 latency, in fresh processes: a bare sequential `list_blobs(page_size=1000)`; this
 project's listing alone (`RemoteSource.list_objects`, client CPU per object); the first

@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from dali_loader.api import open_index
     from dali_loader.decode.spec import ImageSpec
-    from dali_loader.testing.service_cluster import LoopbackService
+    from support.service_cluster import LoopbackService
     from dali_loader.tfdata.service import distributor
     from dali_loader.tfdata.graph_dataset import graph_dataset
     from tf_adapter import image_dataset_from_directory

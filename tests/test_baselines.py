@@ -93,7 +93,7 @@ def test_tuned_pipeline_reads_everything(solid_tree):
 
 
 def test_gs_sources_read_through_gcs(solid_tree, monkeypatch):
-    fakegcs = pytest.importorskip("dali_loader.testing.fakegcs")
+    fakegcs = pytest.importorskip("support.fakegcs")
     with fakegcs.FakeGCS.from_directory(solid_tree, bucket="b", prefix="data") as srv:
         monkeypatch.setenv("STORAGE_EMULATOR_HOST", srv.endpoint)
         assert len(list_pngs("gs://b/data")) == len(CLASSES) * PER_CLASS

@@ -22,11 +22,11 @@ import struct
 import numpy as np
 import pytest
 
-from conftest import _photo, save
+from support.helpers import _photo, save
 from dali_loader.decode import dali_png, png_native
-from dali_loader.testing import png_corpus
-from dali_loader.testing.mutate import corpus as mutants
-from dali_loader.testing.pngs import broken_streams, chunk, encode_png, photo
+from support import png_corpus
+from support.mutate import corpus as mutants
+from support.pngs import broken_streams, chunk, encode_png, photo
 from tf_adapter.dataset import image_dataset_from_directory as ours
 
 MODES = {"grayscale": 1, "rgb": 3, "rgba": 4}

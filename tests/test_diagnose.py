@@ -220,7 +220,7 @@ FAST = dict(levels=(1, 8), loader_in_flight=16, measure_loader=False, budget_s=0
 
 
 def test_case_slow_gcs_is_storage(tmp_path, monkeypatch):
-    fakegcs = pytest.importorskip("dali_loader.testing.fakegcs")
+    fakegcs = pytest.importorskip("support.fakegcs")
     root = _pngs(tmp_path, 16, (32, 32), noise=False)
     with fakegcs.FakeGCS.from_directory(root, bucket="b", prefix="data",
                                         faults=fakegcs.Faults(latency=0.1)) as srv:

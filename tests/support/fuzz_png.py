@@ -1,6 +1,6 @@
 """Fuzzing the native PNG core under AddressSanitizer and UBSan (issue 27 item 6).
 
-`python -m dali_loader.testing.fuzz_png --mutants 100000` builds the sanitizer
+`PYTHONPATH=tests python -m support.fuzz_png --mutants 100000` builds the sanitizer
 driver (`python -m dali_loader.native.build --sanitize`: `fuzz_driver.cc`, the core
 and Wuffs with `-fsanitize=address,undefined -fno-sanitize-recover=all`), then
 feeds it the 3,000-file mutation corpus and N more seeded mutants (one to three
@@ -24,9 +24,9 @@ from pathlib import Path
 
 import numpy as np
 
-from dali_loader.testing import png_corpus
-from dali_loader.testing.mutate import MUTATIONS, corpus, mutate
-from dali_loader.testing.pngs import chunk, encode_png, photo
+from support import png_corpus
+from support.mutate import MUTATIONS, corpus, mutate
+from support.pngs import chunk, encode_png, photo
 
 logger = logging.getLogger(__name__)
 
