@@ -173,8 +173,8 @@ def main(argv: list[str] | None = None) -> int:
             assert set(codes) <= {0, 1}, codes
 
     base = rows[0]["best"]  # Keras
-    print(f"\n| set-up | images/s best (median) | vs Keras | first batch s (median) | "
-          f"trainer CPU ms/image | workers' CPU ms/image | exactly once (epochs) | missing / repeated |")
+    print("\n| set-up | images/s best (median) | vs Keras | first batch s (median) | "
+          "trainer CPU ms/image | workers' CPU ms/image | exactly once (epochs) | missing / repeated |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         wm = "-" if r["worker_ms"] is None else f"{r['worker_ms']:.1f}"

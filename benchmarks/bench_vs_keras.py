@@ -261,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(json.dumps({"files": n, "malloc_fixed": malloc, **r}), file=sys.stderr)
     if not rows:
         return 0
-    print(f"| files | malloc | Keras img/s | ours img/s | ratio | first batch Keras / ours (ms) |")
+    print("| files | malloc | Keras img/s | ours img/s | ratio | first batch Keras / ours (ms) |")
     print("|---|---|---:|---:|---:|---|")
     for n, malloc, k, o, fk, fo in rows:
         print(f"| {n:,} | {'fixed 128 KB' if malloc else 'default'} | {k:,.0f} | {o:,.0f} "

@@ -80,12 +80,12 @@ def test_fuse_mount_shuffled_epochs_hold_every_file_once(slow_mount):
     ds = ours(str(mnt), shuffle=True, seed=7, **KW)
     want_x, want_y = all_rows(keras.utils.image_dataset_from_directory(str(src), shuffle=False,
                                                                     **KW))
-    want = sorted((int(l), x.tobytes()) for x, l in zip(want_x, want_y))
+    want = sorted((int(label), x.tobytes()) for x, label in zip(want_x, want_y))
     orders = []
     for _ in range(2):
         m.reset()
         x, y = all_rows(ds)
         assert m.stats()["opens"] == FILES
-        assert sorted((int(l), r.tobytes()) for r, l in zip(x, y)) == want
+        assert sorted((int(label), r.tobytes()) for r, label in zip(x, y)) == want
         orders.append(y.tolist())
     assert orders[0] != orders[1] or len(set(want_y.tolist())) == 1  # reshuffled

@@ -144,8 +144,8 @@ def test_cache_is_shared_by_later_datasets_and_processes(photo_tree, tmp_path, d
          "--form", form, "--cache-dir", str(tmp_path), "--no-progress"],
         capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
-    assert "21 images (rgb, %s form): 21 decoded and cached, 0 already cached, 0 failed" % form \
-        in out.stdout
+    assert (f"21 images (rgb, {form} form): 21 decoded and cached, 0 already cached, 0 failed"
+            in out.stdout)
     from dali_loader.decode import png_native
 
     if png_native.available():  # the fill's PNGs go through the native core

@@ -15,14 +15,13 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import textwrap
 
 import numpy as np
 import pytest
 
 tf = pytest.importorskip("tensorflow")
 
-from support import pythonpath
+from support import pythonpath  # noqa: E402
 from support.mutate import MUTATIONS, corpus, huge_header_png  # noqa: E402
 from tf_adapter import image_dataset_from_directory as ours  # noqa: E402
 

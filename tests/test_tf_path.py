@@ -11,7 +11,7 @@ import pytest
 tf = pytest.importorskip("tensorflow")
 
 from dali_loader.feed.epochs import FeedEpoch  # noqa: E402
-from support import pythonpath
+from support import pythonpath  # noqa: E402
 from support.pngs import encode_png  # noqa: E402
 from dali_loader.tfdata import tf_path as tf_path_mod  # noqa: E402
 from tf_adapter import image_dataset_from_directory as ours  # noqa: E402

@@ -98,7 +98,7 @@ class FakeGCS:
     # ----------------------------------------------------------------- store
     @classmethod
     def from_directory(cls, root: str, bucket: str = "b", *, prefix: str = "",
-                       dir_placeholders: bool = False, **kwargs) -> "FakeGCS":
+                       dir_placeholders: bool = False, **kwargs) -> FakeGCS:
         """A server whose bucket holds every file under ``root`` (at ``prefix/rel``).
 
         With ``dir_placeholders`` each directory also gets a zero-byte ``"dir/"``
@@ -166,7 +166,7 @@ class FakeGCS:
 
     url = endpoint
 
-    def start(self, port: int = 0) -> "FakeGCS":
+    def start(self, port: int = 0) -> FakeGCS:
         """Start serving on ``127.0.0.1:port`` (0 = any free port)."""
         if self._server is not None:
             return self
@@ -193,7 +193,7 @@ class FakeGCS:
             self._thread.join(timeout=5)
             self._thread = None
 
-    def __enter__(self) -> "FakeGCS":
+    def __enter__(self) -> FakeGCS:
         return self.start()
 
     def __exit__(self, *exc) -> None:

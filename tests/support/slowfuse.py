@@ -41,7 +41,7 @@ def fuse_problem() -> str | None:
         return "fusermount is not installed (Debian: apt-get install -y fuse)"
     try:
         import fuse  # noqa: F401  (fusepy)
-    except (ImportError, OSError, EnvironmentError) as e:
+    except (ImportError, OSError) as e:
         return f"fusepy is not usable ({e}); install the test extra: pip install fusepy"
     return None
 
