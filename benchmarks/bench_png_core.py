@@ -1,6 +1,6 @@
 """The native PNG core alone, per core: CPU time and page faults per image, one thread.
 
-Over 200 photo-like 500x375 PNGs (`testing.pngs.photo` + `encode_png`, all five filter
+Over 200 photo-like 500x375 PNGs (`support.pngs.photo` + `encode_png`, all five filter
 types), decoded to RGB in memory, alternating in one process, round after round:
 
 - ``tf``: eager ``tf.io.decode_png(data, channels=3)`` (libpng; what Keras runs);

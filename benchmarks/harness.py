@@ -134,7 +134,7 @@ def tiny_tree(root: str, n: int, classes: int = 1, size: int = 8) -> str:
 
 def photo_pngs(n: int, filters: tuple[int, ...] | None = None, seed: int = 0,
                h: int = 375, w: int = 500) -> list[bytes]:
-    """``n`` smooth photo-like RGB PNGs (``testing.pngs.photo``): rows filtered with
+    """``n`` smooth photo-like RGB PNGs (``support.pngs.photo``): rows filtered with
     ``filters`` in turn (``encode_png``), or saved by Pillow (``filters`` None)."""
     import io
 

@@ -4,7 +4,7 @@ path that decodes PNGs with it by default: real DALI on the CPU (`decoder="dali"
 - The operator alone: where it says ok, exactly `tf.io.decode_png`'s pixels; where TF
   refuses a file, never ok; a file it leaves is an empty [0, 0, C] sample; ok exactly
   where the core (ctypes) decodes. Over hand-made variants, the generated corpus
-  (`testing/png_corpus`) and seeded mutants of both, in 1, 3 and 4 channels.
+  (`tests/support/png_corpus`) and seeded mutants of both, in 1, 3 and 4 channels.
 - Through `image_dataset_from_directory`: PNGs decoded by it, exactly TF's pixels
   (the images are not resized: DALI's resize to the same size copies them); a folder
   of PNG + JPEG + BMP + corrupt files, every good file once per epoch over two

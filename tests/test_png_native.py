@@ -51,7 +51,7 @@ def _check_all(named: list[tuple[str, bytes]]) -> collections.Counter:
 
 def test_generated_corpus_every_mode():
     """Every colour type x bit depth x interlace (Adam7 too) x tRNS/gAMA/sRGB/iCCP
-    variant (`testing/png_corpus`), and its corrupt files, in 1, 3 and 4 channels."""
+    variant (`tests/support/png_corpus`), and its corrupt files, in 1, 3 and 4 channels."""
     from support import png_corpus
 
     outcomes = _check_all(sorted(png_corpus.corpus().items()))
