@@ -317,3 +317,18 @@ def test_gpu_ready_forms():
     has_row(out, r"^\| PNG \(source\) \| TF decode_png \(decode-only bound\) \| 1\.000 \|")
     has_row(out, r"^\| TIFF deflate\+pred2 L6 64K \| DALI CPU \| NUM \| NUM \| NUM \(NUM\) \| 0 \|")
     has_row(out, r"TIFF L6 64K \(DALI CPU\) / PNG \(TF decode_png\) +NUMx")
+
+
+def test_bench_matrix(tmp_path):
+    """Two kinds' smallest cells (`--quick`): the table has each cell's ratios and says the
+    pixels are Keras's; every cell is in the JSON lines."""
+    log = tmp_path / "matrix.json"
+    out = run("bench_matrix.py", "--quick", "--only", "png8", "rgba256", "--data",
+              str(tmp_path / "data"), "--out", str(log))
+    cell = r"^\| {} \| 16 \| {} \| NUM \| NUM \| NUMx( !)? \| NUM \| NUM \| NUMx( !)? \| same \|$"
+    has_row(out, cell.format("png8", "rgb"))
+    has_row(out, cell.format("rgba256", "rgba"))
+    cells = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [(c["kind"], c["color_mode"]) for c in cells] == [
+        ("png8", "rgb"), ("rgba256", "rgb"), ("rgba256", "rgba")]
+    assert all(len(c["epochs"]["ours"]) >= 2 for c in cells)

@@ -38,6 +38,10 @@ class _Plan(ctypes.Structure):
         "step")]
 
 
+class _Counts(ctypes.Structure):
+    _fields_ = [("buffers", ctypes.c_uint64), ("cpu_probes", ctypes.c_uint64)]
+
+
 @dataclasses.dataclass(frozen=True)
 class PngPlan:
     """What the core decided for one file: its output shape, and the plan to decode it."""
@@ -77,6 +81,8 @@ def _load() -> ctypes.CDLL | None:
                                                ctypes.POINTER(_Plan), ctypes.c_void_p,
                                                ctypes.c_size_t, reason]
             lib.dl_png_decode_into.restype = ctypes.c_int
+            lib.dl_png_get_counts.argtypes = [ctypes.POINTER(_Counts)]
+            lib.dl_png_get_counts.restype = None
             _lib = lib
     return _lib
 
@@ -90,6 +96,16 @@ def unavailable_reason() -> str | None:
     """Why `available()` is False (what to run), or None."""
     _load()
     return _load_error
+
+
+def counts() -> dict[str, int]:
+    """What the core has done so far in this process, whichever caller ran it (the TF
+    op, the DALI operator, ctypes share one loaded core): `buffers`, its per-thread
+    buffers' mallocs (a thread's grow to its largest image, not per image);
+    `cpu_probes`, the CPU-feature probes Wuffs ran (once per feature per process)."""
+    c = _Counts()
+    _require().dl_png_get_counts(ctypes.byref(c))
+    return {"buffers": int(c.buffers), "cpu_probes": int(c.cpu_probes)}
 
 
 def _require() -> ctypes.CDLL:

@@ -5,7 +5,8 @@
 `tf.io.decode_png`'s pixels), on whichever thread runs it (tf.data's), with no
 Python per image; every other file (not a PNG, a PNG the core leaves to libpng,
 a corrupt one) goes to `tf.image.decode_image` in the same graph, behind a
-`tf.cond`, so it gets TF's own outcome and TF's own error.
+branch (`tf_internals.either`: TF's Switch and Merge, no function per branch to
+instantiate for every iterator), so it gets TF's own outcome and TF's own error.
 
 The op library (`native/_build/dl_tf_png.so`, built against the installed TF by
 `pip install --no-build-isolation`, or in a checkout by
@@ -18,6 +19,7 @@ from __future__ import annotations
 import logging
 import threading
 
+from dali_loader.tf_internals import either
 from dali_loader.formats.limits import CORE_MAX_PIXELS
 from dali_loader.native import BUILD_DIR, build_hint
 
@@ -91,7 +93,12 @@ def decode_image_like_keras(data, channels: int, tf):
         tf: The tensorflow module.
     """
     img, ok = decode_png(data, channels)
-    out = tf.cond(ok, lambda: img, lambda: tf.image.decode_image(
-        data, channels=channels, expand_animations=False))
+
+    def libpng(_, d):
+        return tf.image.decode_image(d, channels=channels, expand_animations=False)
+
+    if tf.executing_eagerly():  # Switch and Merge are graph ops
+        return img if bool(ok) else libpng(img, data)
+    out = either(tf, ok, lambda i, _: i, libpng, img, data)
     out.set_shape((None, None, channels))
     return out

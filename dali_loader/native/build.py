@@ -32,6 +32,8 @@ BUILD_DIR = HERE / "_build"
 CORE_SOURCE = HERE / "png_core.cc"
 CORE_HEADER = HERE / "png_core.h"
 DRIVER_SOURCE = HERE / "fuzz_driver.cc"
+# Wuffs' implementation, with its CPU-feature probes asked once per process (why: there).
+WUFFS_UNIT = HERE / "wuffs_impl.c"
 LIBRARY = BUILD_DIR / "libdlpng.so"
 
 PYWUFFS = "pywuffs==2.0.1"
@@ -140,8 +142,9 @@ def _run(cmd: list[str], output: Path, inputs: list[Path]) -> Path:
 def _objects(flags: tuple[str, ...], out_dir: Path) -> list[Path]:
     wuffs = wuffs_source()
     wuffs_o, core_o = out_dir / "wuffs.o", out_dir / "png_core.o"
-    _run([_compiler("gcc"), "-x", "c", "-std=c99", *flags, "-DWUFFS_IMPLEMENTATION", *defines(),
-          "-c", str(wuffs), "-o", str(wuffs_o)], wuffs_o, [wuffs])
+    _run([_compiler("gcc"), "-x", "c", "-std=c99", *flags, "-Werror=implicit-function-declaration",
+          "-Werror=unused-function", "-DWUFFS_IMPLEMENTATION", *defines(), f"-I{wuffs.parent}",
+          "-c", str(WUFFS_UNIT), "-o", str(wuffs_o)], wuffs_o, [wuffs, WUFFS_UNIT])
     _run([_compiler("g++"), "-std=c++17", "-Wall", "-Wextra", *flags, *defines(),
           *(f"-I{d}" for d in include_dirs()), "-c", str(CORE_SOURCE), "-o", str(core_o)],
          core_o, [CORE_SOURCE, CORE_HEADER, wuffs])

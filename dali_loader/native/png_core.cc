@@ -42,6 +42,9 @@ inline uint32_t be32(const uint8_t* p) {
 
 inline uint32_t fourcc(const char* s) { return be32(reinterpret_cast<const uint8_t*>(s)); }
 
+// dl_png_get_counts' `buffers`.
+uint64_t g_buffer_mallocs = 0;
+
 // A grow-only buffer of uninitialised bytes.
 struct Buffer {
   uint8_t* ptr = nullptr;
@@ -52,6 +55,7 @@ struct Buffer {
       free(ptr);
       ptr = static_cast<uint8_t*>(malloc(n ? n : 1));
       cap = ptr ? n : 0;
+      __atomic_add_fetch(&g_buffer_mallocs, 1, __ATOMIC_RELAXED);
     }
     return ptr;
   }
@@ -259,6 +263,15 @@ void post_step(uint32_t step, uint32_t depth, const uint8_t* src, uint32_t sbpp,
 }
 
 }  // namespace
+
+// wuffs_impl.c's count of the CPU probes run.
+extern "C" uint64_t dl_wuffs_cpu_probes(void);
+
+DL_EXPORT void dl_png_get_counts(dl_png_counts* counts) {
+  if (counts == nullptr) return;
+  counts->buffers = __atomic_load_n(&g_buffer_mallocs, __ATOMIC_RELAXED);
+  counts->cpu_probes = dl_wuffs_cpu_probes();
+}
 
 DL_EXPORT int dl_png_plan_decode(const uint8_t* data, size_t size, int channels,
                                  uint64_t max_pixels, dl_png_plan* plan, const char** reason) {

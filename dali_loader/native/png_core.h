@@ -48,6 +48,17 @@ size_t dl_png_output_size(const dl_png_plan* plan);
 int dl_png_decode_into(const uint8_t* data, size_t size, const dl_png_plan* plan,
                        uint8_t* out, size_t out_size, const char** reason);
 
+/* What the core has allocated and probed so far in this process (for tests and
+ * diagnose): `buffers`, the per-thread work and staging buffers' mallocs (each
+ * thread's grow once to its largest image, never per image); `cpu_probes`, the x86
+ * feature probes Wuffs ran (CPUID; wuffs_impl.c: once per feature per process). */
+typedef struct {
+  uint64_t buffers;
+  uint64_t cpu_probes;
+} dl_png_counts;
+
+void dl_png_get_counts(dl_png_counts* counts);
+
 #ifdef __cplusplus
 }
 #endif

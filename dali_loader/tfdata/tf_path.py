@@ -45,6 +45,7 @@ from dali_loader.feed.epochs import Feed
 from dali_loader.feed.items import Paths, Pinned, RawBytes, read_bytes
 from dali_loader.malloc import keep_read_buffers
 from dali_loader.plan import PngDecoder
+from dali_loader.tf_internals import either
 from dali_loader.tfdata.audit import END, AuditRegistry, Auditor
 from dali_loader.tfdata.generators import Generators as _Generators
 from dali_loader.tfdata.generators import per_iterator_dataset as _per_iterator_dataset
@@ -292,17 +293,6 @@ def _decode_calls(num_threads: int | None) -> int:
     return num_threads or CALLS_PER_CORE * default_num_threads()
 
 
-def _either(tf, pred, then: Callable, otherwise: Callable, *args):
-    """`then(*args)` where `pred`, else `otherwise(*args)`; only the branch taken
-    runs. TF's `Switch` and `Merge` ops, which `tf.cond` is lowered to: a
-    `tf.cond` in a tf.data function instantiates its two branches as functions of
-    their own for every iterator (measured: about 3 ms for the decode's and 10 ms
-    for the audit's, per `iter()`). A branch's result must depend on its inputs."""
-    otherwise_args, then_args = zip(*(tf.raw_ops.Switch(data=a, pred=pred) for a in args))
-    out, _ = tf.raw_ops.Merge(inputs=[otherwise(*otherwise_args), then(*then_args)])
-    return out
-
-
 def tf_kernel_dataset(tf, feed: Feed, spec: ImageSpec, batch_size: int | None,
                        num_threads: int | None, which: tuple[int | None, int],
                        labelled: Callable = lambda x, y: (x, y)):
@@ -346,7 +336,7 @@ def tf_kernel_dataset(tf, feed: Feed, spec: ImageSpec, batch_size: int | None,
     def unless_pad(key, image: Callable, *args):
         if not fused:  # no pads; the marker decodes
             return image(*args)
-        img = _either(tf, tf.math.floormod(key, KEY_STRIDE) >= PAD, zeros, image, *args)
+        img = either(tf, tf.math.floormod(key, KEY_STRIDE) >= PAD, zeros, image, *args)
         img.set_shape(spec.shape)
         return img
 
@@ -392,7 +382,7 @@ def tf_kernel_dataset(tf, feed: Feed, spec: ImageSpec, batch_size: int | None,
         # TF's later ops log errors about), the batch itself, no copy, where not.
         changed = tf.logical_or(tf.shape(extra)[0] > 0, n < tf.shape(x, tf.int64)[0])
         shape = x.shape
-        x = _either(tf, changed, lambda x, e, n: tf.concat([e, x[:n]], 0), lambda x, e, n: x,
+        x = either(tf, changed, lambda x, e, n: tf.concat([e, x[:n]], 0), lambda x, e, n: x,
                     x, extra, n)
         x.set_shape(shape)
         return labelled(x, y)
