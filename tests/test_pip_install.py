@@ -71,7 +71,8 @@ def sdist(tmp_path_factory) -> Path:
 def test_sdist_holds_the_native_sources_and_no_built_library(sdist):
     with tarfile.open(sdist) as tar:
         names = [n.split("/", 1)[1] for n in tar.getnames() if "/" in n]
-    for source in ("png_core.cc", "png_core.h", "tf_png_op.cc", "dali_png_op.cc", "build.py"):
+    for source in ("png_core.cc", "png_core.h", "wuffs_impl.c", "tf_png_op.cc", "dali_png_op.cc",
+                   "build.py"):
         assert f"dali_loader/native/{source}" in names, source
     assert "setup.py" in names
     assert not [n for n in names if "_build" in n or n.endswith(".so")]
