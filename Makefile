@@ -14,7 +14,7 @@ DALI_VERSION ?= 2.4.0
 TF_PKG ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo 'tensorflow[and-cuda]' || echo tensorflow)
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
-.PHONY: install test test-fast lint fuse-lib demo gpu-check gpu-check-png gpu-check-tf bench clean
+.PHONY: install test test-fast lint fuse-lib demo gpu-check gpu-check-png gpu-check-compact gpu-check-tf bench clean
 
 install: $(STAMP) $(NATIVE_LIBS)
 
@@ -30,20 +30,21 @@ $(STAMP): pyproject.toml Makefile
 	$(VPY) -m pip install -q -e ".[test,bench,png]"
 	touch $(STAMP)
 
-# 4. The native PNG core (Wuffs' C from the pywuffs sdist + png_core.cc, a few s of g++).
-$(NATIVE_BUILD)/libdlpng.so: $(STAMP) $(NATIVE)/png_core.cc $(NATIVE)/png_core.h $(NATIVE)/build.py
+# 4. The native core: PNG (Wuffs' C from the pywuffs sdist + png_core.cc) and the compact
+#    cache entries (zstd's amalgamation from the zstandard sdist + entry_core.cc), ~30 s of g++.
+$(NATIVE_BUILD)/libdlpng.so: $(STAMP) $(NATIVE)/png_core.cc $(NATIVE)/png_core.h $(NATIVE)/wuffs_impl.c $(NATIVE)/entry_core.cc $(NATIVE)/entry_core.h $(NATIVE)/build.py
 	$(VPY) -m dali_loader.native.build
 	touch $@
 
 # 5. The core as a TF op, against the installed TF (about 15 s of g++).
-$(NATIVE_BUILD)/dl_tf_png.so: $(NATIVE_BUILD)/libdlpng.so $(NATIVE)/tf_png_op.cc $(NATIVE)/build_tf.py
+$(NATIVE_BUILD)/dl_tf_png.so: $(NATIVE_BUILD)/libdlpng.so $(NATIVE)/tf_png_op.cc $(NATIVE)/entry_core.h $(NATIVE)/build_tf.py
 	$(VPY) -m dali_loader.native.build_tf
 	touch $@
 
 # 6. The core as a DALI CPU operator (about 5 s of g++). DALI's headers include CUDA's:
 #    their include folders come from three pinned NVIDIA wheels (pip download, kept
 #    under _build/; nothing installed, no CUDA toolkit).
-$(NATIVE_BUILD)/dl_dali_png.so: $(NATIVE_BUILD)/libdlpng.so $(NATIVE)/dali_png_op.cc $(NATIVE)/build_dali.py
+$(NATIVE_BUILD)/dl_dali_png.so: $(NATIVE_BUILD)/libdlpng.so $(NATIVE)/dali_png_op.cc $(NATIVE)/entry_core.h $(NATIVE)/build_dali.py
 	$(VPY) -m dali_loader.native.build_dali
 	touch $@
 
@@ -93,6 +94,12 @@ gpu-check-png: install
 	@GPU_PY312='import sys, numpy, numba, cupy; sys.exit(sys.version_info[:2] != (3, 12))'; \
 	if nvidia-smi -L >/dev/null 2>&1 && python3 -c "$$GPU_PY312" 2>/dev/null; then bash device_checks/png_gpu_check/run_on_device.sh; \
 	else echo "No GPU with Python 3.12, numba-cuda and CuPy here. The device tool's call (run):"; $(VPY) device_checks/png_gpu_check/prepare.py --print-device-call; fi
+
+# The compact entries' GPU decode check (device_checks/compact_gpu_check/README.md): the nvCOMP
+# wheels of the PNG check, prepared here, and the core; then the device tool's call is printed.
+gpu-check-compact: install
+	$(VPY) device_checks/png_gpu_check/prepare.py
+	@echo 'run(command="bash device_checks/compact_gpu_check/run_on_device.sh", carry=["build/png_gpu_check", "dali_loader/native/_build/libdlpng.so"], timeout_s=330)'
 
 # The TF + DALI GPU check: GPU tests, local and gs:// benchmarks on the GPU path.
 gpu-check-tf: install

@@ -71,7 +71,7 @@ class ItemReader(str, enum.Enum):
     PINNED_OR_BYTES = "pinned-or-bytes"  # a pinned cache entry, else bytes (URLs)
     CHECKED_BYTES = "checked-bytes"  # bytes that passed the byte checks (DALI's decoder)
     RAW_OR_CHECKED = "raw-or-checked"  # PNGs as raw pixel entries (Wuffs), others checked
-    READY_BYTES = "ready-bytes"  # GPU-ready cache entries as bytes (DALI)
+    READY_BYTES = "ready-bytes"  # GPU-ready cache entries as bytes (DALI; compact ones on TF)
     READY_PINNED = "ready-pinned"  # GPU-ready cache entries, open (TF's kernels)
     WORKERS = "workers"  # the tf.data service's workers read the files themselves
 
@@ -82,6 +82,9 @@ class DaliInput(enum.Enum):
     FILES = "files"  # the dataset's files as they are (PNG, JPEG, ...)
     READY_RAW = "ready-raw"  # GPU-ready cache entries: the pixels Keras decodes, uncompressed
     READY_TIFF = "ready-tiff"  # GPU-ready cache entries: TIFFs of the pixels Keras decodes
+    # GPU-ready cache entries: the pixels Keras decodes in compact entries (formats.compact),
+    # decoded by the native core's DALI operator.
+    READY_COMPACT = "ready-compact"
     # Pixels decoded before DALI (HWC uint8, the output's colour mode; `png_batches`):
     # CuPy arrays on a GPU (external_source device="gpu"), numpy on the CPU.
     PIXELS = "pixels"
@@ -140,7 +143,7 @@ DEVICES = (None, "auto", "cpu", "gpu")
 DECODERS = (None, "dali", "tf")
 ON_ERROR = ("raise", "skip")
 PNG_DECODERS = (None, *(d.value for d in PngDecoder))
-GPU_READY_VALUES = (None, False, True, "raw", "tiff")
+GPU_READY_VALUES = (None, False, True, "compact", "raw", "tiff")
 HANDOFFS = (None, *(h.value for h in Handoff))
 _ADDRESS = re.compile(r"^grpc://(?P<host>\[[0-9a-fA-F:]+\]|[A-Za-z0-9_.-]+):(?P<port>\d{1,5})$")
 
@@ -469,11 +472,11 @@ def _gpu_ready_value(d: _Draft) -> ReadyForm | None:
         return value
     if value not in GPU_READY_VALUES or (value is not None and not isinstance(
             value, (bool, str))):
-        raise ValueError('`gpu_ready` must be None, False, True, "raw" or "tiff". '
+        raise ValueError('`gpu_ready` must be None, False, True, "compact", "raw" or "tiff". '
                          f"Received: gpu_ready={value!r}")
     if value is None or value is False:
         return None
-    return ReadyForm.TIFF if value == "tiff" else ReadyForm.RAW
+    return {"tiff": ReadyForm.TIFF, "raw": ReadyForm.RAW}.get(value, ReadyForm.COMPACT)
 
 
 def _handoff_value(d: _Draft) -> Handoff | None:
@@ -606,6 +609,20 @@ def _tiff_needs_dali(d: _Draft) -> None:
         raise ValueError(
             'gpu_ready="tiff" stores TIFFs for DALI to decode; TensorFlow\'s kernels read the '
             'raw form. Use gpu_ready=True, or decoder="dali". Received: gpu_ready=\'tiff\'')
+
+
+def _compact_built(d: _Draft) -> None:
+    """Compact entries are decoded by the native core's op on the engine's path."""
+    if d.cache_form is not ReadyForm.COMPACT or d.engine is Engine.SERVICE:
+        return
+    tf_path = d.engine is Engine.TF_KERNELS
+    if not (d.env.tf_png_op if tf_path else d.env.dali_png_op):
+        step = "build_tf" if tf_path else "build_dali"
+        raise ImportError(
+            "gpu_ready=True stores compact entries, which the native core's "
+            f"{'TF op' if tf_path else 'DALI operator'} decodes; it is not available here. "
+            f"Build it with: python -m dali_loader.native.{step} (part of `make install`), or "
+            f'keep uncompressed entries with gpu_ready="raw". Received: gpu_ready={d.o.gpu_ready!r}')
 
 
 def _gpu_png(d: _Draft) -> None:
@@ -768,6 +785,8 @@ def _item_reader(d: _Draft) -> ItemReader | Because:
     if d.engine is Engine.SERVICE:
         return ItemReader.WORKERS
     if d.engine is Engine.TF_KERNELS:
+        if d.cache_form is ReadyForm.COMPACT:  # the entries' bytes, for the TF op
+            return ItemReader.READY_BYTES
         if d.cache_form is not None:
             return ItemReader.READY_PINNED
         kind = d.env.source_kind
@@ -786,8 +805,8 @@ def _dali_input(d: _Draft) -> DaliInput | None:
     if d.engine is not Engine.DALI:
         return None
     if d.cache_form is not None:
-        return {ReadyForm.RAW: DaliInput.READY_RAW, ReadyForm.TIFF: DaliInput.READY_TIFF}[
-            d.cache_form]
+        return {ReadyForm.RAW: DaliInput.READY_RAW, ReadyForm.TIFF: DaliInput.READY_TIFF,
+                ReadyForm.COMPACT: DaliInput.READY_COMPACT}[d.cache_form]
     return {PngWhere.GPU: DaliInput.PIXELS, PngWhere.FEED: DaliInput.FILES_OR_RAW}.get(
         d.png_where, DaliInput.FILES)
 
@@ -830,7 +849,8 @@ RULES: tuple[Rule, ...] = (
     _check(_decoder_value, 'decoder is None, "dali" or "tf"'),
     _set("png_asked", _png_decoder_value, 'png_decoder is None, "wuffs", "libpng" or "gpu"'),
     _set("cache_form", _gpu_ready_value,
-         'gpu_ready: None/False no cache; True/"raw" raw entries; "tiff" TIFF entries'),
+         'gpu_ready: None/False no cache; True/"compact" compact entries; "raw" raw '
+         'entries; "tiff" TIFF entries'),
     _set("handoff_asked", _handoff_value, 'handoff is None, "generator", "plugin" or "plugin-gpu"'),
     _set("shard", lambda d: Because(shard_of(d.o.input_context), "no input_context"
                                     if d.o.input_context is None else "input_context"),
@@ -843,6 +863,7 @@ RULES: tuple[Rule, ...] = (
          'DALI for decoder="dali" or a GPU (or numpy batches); the service with service=; '
          "else TF's kernels"),
     _check(_tiff_needs_dali, 'gpu_ready="tiff" needs DALI: TF\'s kernels read the raw form'),
+    _check(_compact_built, "compact entries need the native core's op on the engine's path"),
     _check(_gpu_png, 'png_decoder="gpu" needs DALI, and no gpu_ready'),
     _check(_wuffs_built, 'png_decoder="wuffs" needs its decoder built where it runs'),
     _set("png_fill", _png_fill,

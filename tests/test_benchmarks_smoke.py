@@ -61,6 +61,8 @@ BACKGROUND = {
                             "--epochs", "1"),
     "test_bench_vs_keras_fixed_cost": ("bench_vs_keras.py", "--fixed-cost", "--epochs", "1"),
     "test_bench_png_core": ("bench_png_core.py", "--images", "4", "--rounds", "1"),
+    "test_compact_entries": ("compact_entries.py", "--photos", "2", "--small", "2",
+                             "--rounds", "1"),
     "test_bench_gcs": ("bench_gcs.py", "--objects", "6", "--size", "2000", "--latency",
                        "0.001", "--threads", "4", "--listing", "40", "--repeat", "1",
                        "--skip-seed"),
@@ -238,6 +240,16 @@ def test_bench_png_core():
     for k in ("tf", "native", "native-into"):
         has_row(out, rf"^  {k} +NUM ms +NUM faults +NUMx +NUM img/s")
     has_row(out, r"^  tf +NUM ms +NUM faults +1\.00x")
+
+
+def test_compact_entries():
+    """Every form's row for both image sets, the PNG row, each entry checked exact."""
+    out = background("test_compact_entries")
+    for images in ("2 photos 500x375", "2 photos 32x32"):
+        for form in ("none", "up", "sub"):
+            for level in (1, 3):
+                has_row(out, rf"^\| {images} \| {form} \+ zstd-{level} \| NUMx \| NUM \| NUM \| NUM \|$")
+        has_row(out, rf"^\| {images} \| PNG, native core \| 1\.00x \| - \| NUM \| 1\.00 \|$")
 
 
 def test_bench_png_fill():

@@ -62,6 +62,49 @@ def dali_decode_ready(entries, channels, gpu: bool = False):
     return [np.asarray(t) for t in (out.as_cpu() if gpu else out)]
 
 
+def tf_decode_entries(entries, size: int = 64):
+    """Compact entries decoded by the TF op (`tf_png.decode_entries`), `size` at a time."""
+    from dali_loader.decode.tf_png import decode_entries
+    from dali_loader.formats import compact
+
+    out = []
+    for k in range(0, len(entries), size):
+        batch = [bytes(e) for e in entries[k:k + size]]
+        shapes = np.asarray([compact.read_header(e).shape for e in batch], np.int32)
+        sizes = np.prod(shapes, axis=1, dtype=np.int64)
+        offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+        bounds = np.concatenate([[0], np.cumsum([len(e) for e in batch])]).astype(np.int64)
+        pixels, ok = decode_entries(np.frombuffer(b"".join(batch), np.uint8), bounds, offsets,
+                                    shapes, np.int64(sizes.sum()))
+        assert ok.numpy().all()
+        pixels = pixels.numpy()
+        out += [pixels[o:o + n].reshape(sh) for o, n, sh in zip(offsets, sizes, shapes)]
+    return out
+
+
+def dali_decode_entries(entries, size: int = 64):
+    """Compact entries decoded by the DALI operator (`dali_png.entry_decode`)."""
+    import nvidia.dali as dali
+    from nvidia.dali import fn, pipeline_def, types
+
+    from dali_loader.decode.dali_png import entry_decode
+
+    out = []
+    for k in range(0, len(entries), size):
+        batch = [np.frombuffer(bytes(e), np.uint8) for e in entries[k:k + size]]
+
+        @pipeline_def(batch_size=len(batch), num_threads=2, device_id=None)
+        def pipe():
+            enc = fn.external_source(source=lambda: batch, batch=True, dtype=types.UINT8)
+            return entry_decode(dali, enc, None)
+
+        p = pipe()
+        p.build()
+        (got,) = p.run()
+        out += [np.array(t) for t in got]
+    return out
+
+
 def ids(ds):
     """Red channel / 10 of every image of one epoch of `id_tree` (its file ids)."""
     xs = [x.numpy() for x, _ in ds]
@@ -81,6 +124,10 @@ def test_entries_hold_keras_pixels_exactly(suite, tmp_path, form, color_mode):
         assert (ready.fills, ready.hits) == (len(index.paths), 0)
     if form is ReadyForm.TIFF:
         got = dali_decode_ready(entries, channels)
+    elif form is ReadyForm.COMPACT:  # the TF op, and the DALI operator, in batches
+        got = tf_decode_entries(entries)
+        for g, d in zip(got, dali_decode_entries(entries)):
+            np.testing.assert_array_equal(d, g)
     else:
         from dali_loader.decode.tf_kernels import raw_pixels
 
@@ -92,11 +139,13 @@ def test_entries_hold_keras_pixels_exactly(suite, tmp_path, form, color_mode):
 
 
 @pytest.mark.parametrize("color_mode", sorted(MODES))
-@pytest.mark.parametrize("decoder,gpu_ready", [("tf", True), ("dali", True), ("dali", "tiff")])
+@pytest.mark.parametrize("decoder,gpu_ready", [("tf", True), ("dali", True), ("tf", "raw"),
+                                               ("dali", "raw"), ("dali", "tiff")])
 def test_dataset_matches_keras_and_decodes_each_file_once(suite, tmp_path, decoder, gpu_ready,
                                                           color_mode):
     """Through image_dataset_from_directory, first and cached epoch: TF's
-    kernels exactly; DALI (raw entries reshaped, or TIFFs decoded) up to float
+    kernels exactly; DALI (compact entries decoded by the native operator, raw
+    entries reshaped, or TIFFs decoded) up to float
     rounding in the resize, for every file, including the grey-from-gAMA and
     16-bit files the uncached DALI path misses by up to 38.5 levels. CPU
     decodes: every file in epoch 0, none after."""
@@ -135,7 +184,8 @@ def test_tf_path_exact_for_every_resize_option(photo_tree, tmp_path, kw):
             np.testing.assert_array_equal(gy, ry)
 
 
-@pytest.mark.parametrize("decoder,form", [("tf", "raw"), ("dali", "raw"), ("dali", "tiff")])
+@pytest.mark.parametrize("decoder,form", [("tf", "compact"), ("dali", "compact"), ("tf", "raw"),
+                                          ("dali", "raw"), ("dali", "tiff")])
 def test_cache_is_shared_by_later_datasets_and_processes(photo_tree, tmp_path, decoder, form):
     """`dali-loader prefetch --gpu-ready` in another process fills the cache:
     the dataset's first epoch then decodes nothing on the CPU."""
@@ -150,7 +200,7 @@ def test_cache_is_shared_by_later_datasets_and_processes(photo_tree, tmp_path, d
 
     if png_native.available():  # the fill's PNGs go through the native core
         assert "PNG decoder: Wuffs, native core (21 PNGs; 0 left to libpng)" in out.stdout
-    ds = ours(str(photo_tree), decoder=decoder, gpu_ready="tiff" if form == "tiff" else True,
+    ds = ours(str(photo_tree), decoder=decoder, gpu_ready=True if form == "compact" else form,
               cache_dir=str(tmp_path), image_size=(16, 16), shuffle=False, verbose=False)
     assert sum(len(x) for x, _ in ds) == 21
     (stats,) = ds.loader.epoch_stats
@@ -256,7 +306,7 @@ def test_gs_source_caches_entries_not_pngs(photo_tree, tmp_path, gcs):
         for f in fs:
             with open(os.path.join(d, f), "rb") as fh:
                 headers.append(fh.read(300))
-    assert len(headers) == 21 and all(b"ready.v1/raw/c3" in h for h in headers)
+    assert len(headers) == 21 and all(b"ready.v1/compact-up-zstd1/c3" in h for h in headers)
 
 
 def test_forms_round_trip_and_reject_bad_input():
@@ -282,8 +332,16 @@ def test_gpu_ready_values_and_default_off(photo_tree, tmp_path):
         return resolve(Options(gpu_ready=value, decoder="dali"), env).cache_form
 
     assert form(None) is None and form(False) is None
-    assert form(True) is ReadyForm.RAW and form("raw") is ReadyForm.RAW
-    assert form("tiff") is ReadyForm.TIFF
+    assert form(True) is ReadyForm.COMPACT and form("compact") is ReadyForm.COMPACT
+    assert form("raw") is ReadyForm.RAW and form("tiff") is ReadyForm.TIFF
+    # Compact entries need the native op of the engine's path; raw ones do not.
+    bare = Environment(tf_gpus=0, wuffs=True, tf_png_op=False, dali_png_op=False,
+                       source_kind=SourceKind.LOCAL_DISK, has_pngs=True)
+    for decoder, step in (("dali", "build_dali"), ("tf", "build_tf")):
+        with pytest.raises(ImportError, match=f"native.{step}.*gpu_ready=\"raw\".*Received: "
+                                              "gpu_ready=True"):
+            check(Options(gpu_ready=True, decoder=decoder), bare)
+        assert resolve(Options(gpu_ready="raw", decoder=decoder), bare).cache_form is ReadyForm.RAW
     for bad in (1, "yes", 0):
         with pytest.raises(ValueError, match=f"Received: gpu_ready={bad!r}"):
             check(Options(gpu_ready=bad), env)
@@ -293,6 +351,52 @@ def test_gpu_ready_values_and_default_off(photo_tree, tmp_path):
     sum(1 for _ in ds)
     assert ds.loader.epoch_stats[0]["cpu_decodes"] == 21  # TF decodes every PNG
     assert not os.path.exists(tmp_path / "v1")
+
+
+def _entry_files(cache):
+    return sorted(os.path.join(d, f) for d, _, fs in os.walk(cache / "v1" / "objects") for f in fs)
+
+
+@pytest.mark.parametrize("decoder", ["tf", "dali"])
+@pytest.mark.parametrize("damage", ["payload", "header", "torn"])
+def test_damaged_compact_entries_are_refilled_never_decoded_wrong(photo_tree, tmp_path, damage,
+                                                                   decoder):
+    """A compact entry damaged on disk after it was written (a bit flipped in its
+    compressed pixels, in its header, or cut short): the next epoch decodes its file
+    again and replaces the entry (the feed's header check, the cache's size check, or
+    the native op's CRC-32 refusal: TF's op refills in the graph, DALI's failed batch
+    is replayed); the pixels are the first epoch's (Keras's on TF) every epoch."""
+    kw = dict(image_size=(16, 16), shuffle=False, verbose=False, batch_size=8)
+    ds = ours(str(photo_tree), decoder=decoder, gpu_ready=True, cache_dir=str(tmp_path), **kw)
+    want = np.concatenate([x.numpy() for x, _ in ds])
+    if decoder == "tf":
+        np.testing.assert_array_equal(want, np.concatenate([
+            x.numpy() for x, _ in keras.utils.image_dataset_from_directory(str(photo_tree), **kw)]))
+    files = _entry_files(tmp_path)
+    assert len(files) == 21
+    for path in files[::5]:  # 5 entries
+        data = bytearray(open(path, "rb").read())
+        start = data.index(b"DLZ1")
+        if damage == "payload":
+            data[-40] ^= 0x10
+        elif damage == "header":
+            data[start + 9] ^= 0x01  # the height
+        else:
+            del data[-7:]
+        open(path, "wb").write(bytes(data))
+    for epoch in (1, 2):
+        np.testing.assert_array_equal(np.concatenate([x.numpy() for x, _ in ds]), want)
+    feed = ds.loader.engine if decoder == "tf" else ds.loader.engine.feed
+    assert feed.items.ready.fills == 21 + 5
+    stats = ds.loader.epoch_stats
+    # TF's op refills in the graph, outside any epoch's tally: counted in `fills` only.
+    untallied = damage == "payload" and decoder == "tf"
+    assert [s["cpu_decodes"] for s in stats] == ([21, 0, 0] if untallied else [21, 5, 0])
+    from dali_loader.formats import compact
+
+    for path in _entry_files(tmp_path):  # every entry sound again
+        data = open(path, "rb").read()
+        compact.decode(data[data.index(b"DLZ1"):])
 
 
 def test_unreadable_and_corrupt_errors_name_the_file(tmp_path):

@@ -105,10 +105,13 @@ def test_many_abandoned_iterators_leave_nothing_behind(id_tree, decoder):
 
     warm = abandon(10)
     after = abandon(30)
+    # An abandoned iterator is closed by the reaper's thread (`dali_loader/reaper.py`), a
+    # moment after its collection on a loaded machine (CI measured 39 of 40 and 2 open at
+    # the first look); a leak never gets there.
     if decoder == "tf-wuffs":  # every abandoned epoch was closed (its reads stopped)
-        assert len(loader.epoch_tallies) >= 40
+        wait_for(lambda: len(loader.epoch_tallies) >= 40, timeout=30)
     elif decoder == "tf":
-        assert ds.loader.open_iterations <= 1  # no auditor per abandoned iterator
+        wait_for(lambda: ds.loader.open_iterations <= 1, timeout=30)  # no auditor per abandoned iterator
     else:
         assert len(loader._idle) <= 2  # abandoned epochs drop their pipelines
     assert after <= warm + 4, (warm, after)  # one read pool, bounded

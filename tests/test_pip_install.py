@@ -26,7 +26,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 LIBRARIES = ("libdlpng.so", "dl_tf_png.so", "dl_dali_png.so")
-NATIVE_CACHES = ("wuffs", "cuda_include", "sdist")
+NATIVE_CACHES = ("wuffs", "zstd", "cuda_include", "sdist")
 
 
 def _run(cmd: list[str], cwd: Path, env: dict[str, str] | None = None,

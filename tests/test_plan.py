@@ -121,18 +121,24 @@ RUNS = [
     # Only DALI sees a GPU (TF's CPU build): the CPU.
     ({}, env(dict(tf_gpus=0, dali_gpus=1)), dict(engine=Engine.TF_KERNELS, device=Device.CPU)),
     ({}, env(dict(tf_gpus=1, dali_gpus=0)), dict(engine=Engine.TF_KERNELS, device=Device.CPU)),
-    # The GPU-ready cache: raw entries on every path, TIFF for DALI; fills by Wuffs.
+    # The GPU-ready cache: compact entries on every path (the native op decodes them),
+    # raw ones when asked, TIFF for DALI; fills by Wuffs.
     (dict(gpu_ready=True), env(), dict(
-        engine=Engine.TF_KERNELS, cache_form=ReadyForm.RAW, item_reader=ItemReader.READY_PINNED,
+        engine=Engine.TF_KERNELS, cache_form=ReadyForm.COMPACT, item_reader=ItemReader.READY_BYTES,
         png_epoch=None, png_where=PngWhere.NONE, png_fill=PngDecoder.WUFFS,
         checks=(Check.PIXEL_LIMIT, Check.FEED_DECODE, Check.CARDINALITY))),
+    (dict(gpu_ready="compact"), env(), dict(cache_form=ReadyForm.COMPACT)),
+    (dict(gpu_ready="raw"), env(), dict(cache_form=ReadyForm.RAW,
+                                        item_reader=ItemReader.READY_PINNED)),
     (dict(gpu_ready="raw"), env(built=BARE), dict(cache_form=ReadyForm.RAW,
                                                   png_fill=PngDecoder.LIBPNG)),
     (dict(gpu_ready=False), env(), dict(cache_form=None, png_fill=None)),
     (dict(gpu_ready=True, png_decoder="libpng"), env(), dict(png_fill=PngDecoder.LIBPNG)),
     (dict(gpu_ready=True, decoder="dali"), env(), dict(
-        item_reader=ItemReader.READY_BYTES, dali_input=DaliInput.READY_RAW,
+        item_reader=ItemReader.READY_BYTES, dali_input=DaliInput.READY_COMPACT,
         png_where=PngWhere.NONE)),
+    (dict(gpu_ready="raw", decoder="dali"), env(), dict(
+        item_reader=ItemReader.READY_BYTES, dali_input=DaliInput.READY_RAW)),
     (dict(gpu_ready="tiff", decoder="dali"), env(), dict(cache_form=ReadyForm.TIFF,
                                                          dali_input=DaliInput.READY_TIFF)),
     (dict(gpu_ready="tiff"), env(GPU), dict(dali_input=DaliInput.READY_TIFF,
@@ -166,7 +172,7 @@ def test_what_runs(options, environment, expected):
 
 def test_a_missing_decoder_is_said_once_in_the_notes():
     assert any("TF op is not available" in n for n in plan(env(built=BARE)).notes)
-    assert any("Wuffs" in n for n in plan(env(built=BARE), gpu_ready=True).notes)
+    assert any("Wuffs" in n for n in plan(env(built=BARE), gpu_ready="raw").notes)
     assert any("unverified" in n for n in plan(env(GPU), gpu_ready="tiff").notes)
     assert any("plugin" in n for n in plan(env(GPU, dali_tf_plugin=False)).notes)
     assert plan().notes == ()
@@ -278,12 +284,14 @@ REFUSALS = [
     (dict(gpu_ready="tiff"), env(), ValueError, "gpu_ready='tiff'"),
     (dict(png_decoder="gpu"), env(), ValueError, "png_decoder='gpu', device=None"),
     (dict(png_decoder="gpu", decoder="dali", gpu_ready=True), env(), ValueError,
-     "png_decoder='gpu', gpu_ready='raw'"),
+     "png_decoder='gpu', gpu_ready='compact-up-zstd1'"),
     (dict(png_decoder="gpu", decoder="dali", handoff="plugin"), env(), ValueError,
      "handoff='plugin', png_decoder='gpu'"),
     (dict(png_decoder="wuffs"), env(built=BARE), ImportError, "build_tf"),
     (dict(png_decoder="wuffs", decoder="dali"), env(built=BARE), ImportError, "pywuffs"),
-    (dict(png_decoder="wuffs", gpu_ready=True), env(built=BARE), ImportError, "pywuffs"),
+    (dict(png_decoder="wuffs", gpu_ready="raw"), env(built=BARE), ImportError, "pywuffs"),
+    (dict(gpu_ready=True), env(built=BARE), ImportError, "native.build_tf"),
+    (dict(gpu_ready=True, decoder="dali"), env(built=BARE), ImportError, "build_dali"),
     (dict(handoff="plugin", decoder="dali", batch_size=None), env(), ValueError,
      "handoff='plugin', batch_size=None"),
     (dict(handoff="plugin-gpu", decoder="dali"), env(), ValueError,

@@ -216,14 +216,9 @@ def test_sanitizer_fuzz_slice(pngsuite_if_present):
     and 100,000 stacked mutants of more sources (each decoded in 3 modes into exact-size
     buffers) with no finding; the driver's pixels equal the optimised build's. The same
     run from the command line: `PYTHONPATH=tests python -m support.fuzz_png` (docs/png_cpu.md)."""
-    if not (shutil.which("g++") and shutil.which("gcc")):
-        pytest.skip("no C/C++ compiler (g++, gcc) to build the sanitizer driver")
-    from dali_loader.native import build
+    from support.helpers import sanitizer_driver
 
-    try:
-        driver = build.sanitizer_driver()
-    except (RuntimeError, FileNotFoundError) as e:
-        pytest.skip(f"the sanitizer driver does not build here: {e}")
+    driver = sanitizer_driver()
     files = [d for _, d in corpus(mutation_bases(), 3000, seed=21)]
     result, lines = run_driver(driver, files, verbose=True)
     assert result.files == 3000 and result.ok > 1500, result

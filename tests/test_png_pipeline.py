@@ -160,7 +160,7 @@ def test_corrupt_png_skipped_and_recorded_labels_still_right(corrupt_tree, id_tr
     (dict(png_decoder="gpu"), "decoder=None"),  # the CPU's TF kernels: no DALI graph
     (dict(png_decoder="gpu", decoder="tf"), "decoder='tf'"),
     (dict(png_decoder="gpu", decoder="dali", handoff="plugin"), "CPU inputs only"),
-    (dict(png_decoder="gpu", decoder="dali", gpu_ready=True), "gpu_ready='raw'"),
+    (dict(png_decoder="gpu", decoder="dali", gpu_ready=True), "gpu_ready='compact-up-zstd1'"),
 ], ids=str)
 def test_argument_errors(id_tree, kw, message):
     with pytest.raises(ValueError, match=re.escape(message)) as err:

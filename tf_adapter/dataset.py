@@ -172,11 +172,13 @@ def image_dataset_from_directory(
             sharding; every file is read once per epoch across all pipelines.
         gpu_ready: Read through the GPU-ready cache (in `cache_dir`, bounded
             by `cache_max_bytes`): the first read of each image decodes it
-            exactly as Keras does and stores its pixels uncompressed; later
-            epochs decode nothing (TF's kernels, or DALI on its device, only
-            reshape and resize them). None or False: off (entries take about
-            1.7x the PNG bytes on local disk). True: on. "tiff": TIFF entries
-            that DALI decodes (smaller; GPU decode unverified; DALI only).
+            exactly as Keras does and stores its pixels; later epochs decode
+            no PNG. None or False: off. True or "compact": compact entries
+            (the pixels delta-filtered in zstd chunks, about the PNG's bytes,
+            decoded by the native core's TF op or DALI operator). "raw": the
+            pixels uncompressed (about 1.7x the PNG bytes; TF's kernels, or
+            DALI on its device, only reshape and resize them). "tiff": TIFF
+            entries that DALI decodes (GPU decode unverified; DALI only).
         handoff: How DALI's batches reach TF: None (the plugin on the GPU with
             `on_error="raise"` or `gpu_ready`, else the generator), "plugin"
             (the DALI TF plugin on the host: DALI decodes and resizes on its

@@ -379,9 +379,10 @@ class DaliBatches:
         if not culprits and not suspects:  # no file was in it: nothing to blame or skip
             raise RuntimeError(f"The DALI pipeline failed with no file in it: {err}") from err
         paths = self.feed.index.paths
+        refilled = self._refill(culprits, epoch) if self.input is Input.READY_COMPACT else {}
         for pos, problem in culprits.items():
             epoch.errors(CorruptImageError(paths[pos], f"the decoder failed ({problem})"))
-        if not culprits:  # together too much (memory): one file per batch from here
+        if not culprits and not refilled:  # together too much (memory): one file per batch
             logger.info("The DALI pipeline failed and no single file reproduces it (%s); "
                         "replaying %d batches one file each.", dali_reason(str(err)),
                         len(suspects))
@@ -392,9 +393,29 @@ class DaliBatches:
         for chunk in suspects:
             keep = [i for i, p in enumerate(chunk.positions) if p not in culprits]
             if keep:
-                new_slot.replay.append(Chunk([chunk.items[i] for i in keep],
+                new_slot.replay.append(Chunk([refilled.get(chunk.positions[i], chunk.items[i])
+                                              for i in keep],
                                              [chunk.positions[i] for i in keep]))
         return pipe, new_slot
+
+    def _refill(self, culprits: dict[int, str], epoch: FeedEpoch) -> dict[int, object]:
+        """Compact cache entries the operator refused (damaged after they were written:
+        their pixels' CRC-32): each file decoded again and its entry replaced; taken out
+        of `culprits`. Returns the new entries by position (a file that no longer
+        decodes stays a culprit, with its decoder's error)."""
+        ready = self.feed.items.ready
+        out = {}
+        for pos in list(culprits):
+            path = self.feed.index.paths[pos]
+            logger.warning("The GPU-ready cache entry of %s is damaged (%s); decoding the file "
+                           "again.", path, culprits[pos])
+            try:
+                out[pos] = ready.fill(path, epoch.tally)
+            except CorruptImageError as e:
+                culprits[pos] = e.reason
+                continue
+            del culprits[pos]
+        return out
 
     def close(self) -> None:
         """Drops the idle pipelines and stops the feed's reads."""

@@ -205,6 +205,13 @@ def _input_pixels(dali, encoded, spec: ImageSpec, gpu: bool, input: Input, nativ
         img = _raw_on_device(dali, encoded, gpu)
     elif input is Input.READY_TIFF:
         img = decode_ready(dali, encoded, spec.channels, gpu)
+    elif input is Input.READY_COMPACT:
+        # Compact entries: the native core's operator on DALI's CPU threads; its
+        # pixels then go to the device as raw entries' do.
+        from dali_loader.decode.dali_png import entry_decode
+
+        img = entry_decode(dali, encoded, None)
+        img = img.gpu() if gpu else img
     elif input is Input.FILES_OR_RAW:
         # A per-sample branch (enable_conditionals) of CPU operators only, then the
         # copy to the GPU: DALI's conditionals documentation shows CPU branches
@@ -227,7 +234,8 @@ def image_graph(dali, encoded, spec: ImageSpec, gpu: bool, input: Input = Input.
     """Builds decode -> colour -> crop/pad -> resize on DataNode `encoded`.
 
     GPU-ready cache entries already hold Keras's pixels in the output's colour
-    mode: `Input.READY_RAW` entries are reshaped on the CPU and copied to the
+    mode: `Input.READY_COMPACT` entries are decoded by the native operator on the
+    CPU and copied to the GPU; `Input.READY_RAW` entries are reshaped on the CPU and copied to the
     GPU (nothing is decoded); `Input.READY_TIFF` entries are decoded (with
     `mixed` on a GPU), with no colour conversion. `Input.PIXELS` is already
     decoded and on the graph's device: it goes straight to crop/pad/resize.
@@ -315,7 +323,8 @@ def build_pipeline(
     Args:
         source: An iterable of batches (lists of 1-D uint8 numpy arrays; for
             `Input.PIXELS`, HWC uint8 arrays: CuPy with `gpu`, else numpy; for
-            `Input.READY_RAW`, `raw_views` of the entries);
+            `Input.READY_RAW`, `raw_views` of the entries; for `Input.READY_COMPACT`,
+            the entries' bytes, decoded by the native operator);
             raising StopIteration ends an epoch (`cycle="raise"`).
         spec: The output image spec.
         batch_size: The largest batch `source` yields.

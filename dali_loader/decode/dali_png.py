@@ -17,6 +17,7 @@ import os
 import threading
 
 from dali_loader.formats.limits import CORE_MAX_PIXELS as MAX_PIXELS
+from dali_loader.formats.limits import ENTRY_MAX_PIXELS
 from dali_loader.lazy import import_dali
 from dali_loader.native import BUILD_DIR, build_hint
 
@@ -80,3 +81,14 @@ def png_decode(dali, encoded, channels: int, max_pixels: int | None):
                            f"{unavailable_reason()}")
     limit = CORE_MAX_PIXELS if max_pixels is None else min(int(max_pixels), CORE_MAX_PIXELS)
     return dali.fn.dali_loader.png_decode(encoded, channels=channels, max_pixels=limit)
+
+
+def entry_decode(dali, entries, max_pixels: int | None):
+    """HWC uint8 pixels of compact GPU-ready cache entries (DataNode, 1-D uint8 per
+    sample; `formats.compact`), decoded by the operator on DALI's CPU threads. Raises a
+    RuntimeError where the operator does not load."""
+    if not load():
+        raise RuntimeError(f"The native decoder for DALI is not available: "
+                           f"{unavailable_reason()}")
+    limit = ENTRY_MAX_PIXELS if max_pixels is None else int(max_pixels)
+    return dali.fn.dali_loader.entry_decode(entries, max_pixels=limit)

@@ -19,8 +19,8 @@ from __future__ import annotations
 import logging
 import threading
 
+from dali_loader.formats.limits import CORE_MAX_PIXELS, ENTRY_MAX_PIXELS
 from dali_loader.tf_internals import either
-from dali_loader.formats.limits import CORE_MAX_PIXELS
 from dali_loader.native import BUILD_DIR, build_hint
 
 logger = logging.getLogger(__name__)
@@ -102,3 +102,14 @@ def decode_image_like_keras(data, channels: int, tf):
     out = either(tf, ok, lambda i, _: i, libpng, img, data)
     out.set_shape((None, None, channels))
     return out
+
+
+def decode_entries(entries, bounds, offsets, shapes, total,
+                   max_pixels: int = ENTRY_MAX_PIXELS):
+    """The op library's `DaliLoaderDecodeEntries`: a batch of compact GPU-ready cache
+    entries (`formats.compact`), entry i being `entries[bounds[i]:bounds[i+1]]`, decoded
+    by the native core into one flat uint8 [total] tensor, image i at `offsets[i]` with
+    shape `shapes[i]`. Returns `(pixels, ok)`: ok[i] False where the core refused entry i
+    (its pixels then zeros, for the caller to replace)."""
+    return require().dali_loader_decode_entries(entries, bounds, offsets, shapes, total,
+                                                max_pixels=max_pixels)

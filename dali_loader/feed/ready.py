@@ -252,8 +252,9 @@ class ReadyPinned:
 
 
 class ReadyBytes:
-    """Item reader by index position: the entry's bytes (raw pixels for TF's
-    kernels or DALI; or a TIFF for DALI)."""
+    """Item reader by index position: the entry's bytes (compact entries for the
+    native TF op or DALI operator, their headers checked; raw pixels for DALI; or
+    a TIFF for DALI)."""
 
     io = True
     holds = False
@@ -281,8 +282,27 @@ class ReadyBytes:
             os.close(item.fd)
         if len(data) != size:
             return self.ready.fill(self.table.paths[pos], tally)
+        if self.ready.form is ReadyForm.COMPACT and not self._sound(pos, data, tally):
+            return self.ready.fill(self.table.paths[pos], tally)  # replaces the entry
         self.ready.count("hits", tally)
         return data
+
+    def _sound(self, pos: int, data, tally) -> bool:
+        """Whether a compact entry's header, chunk table and frame headers hold (the
+        core's checks, no decompression); a bad entry is logged, to be refilled. The
+        pixels' CRC-32 is checked where the entry is decoded."""
+        from dali_loader.formats import compact
+
+        try:
+            compact.info(data)
+        except compact.EntryError as e:
+            logger.warning("The GPU-ready cache entry of %s is damaged (%s); decoding the "
+                           "file again.", self.table.paths[pos], e)
+            self.table._offset[pos] = 0
+            if tally is not None:
+                tally.add("cache_bad_entries")
+            return False
+        return True
 
     def release(self, item: Any) -> None:
         pass

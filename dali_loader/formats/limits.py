@@ -25,6 +25,13 @@ DEFAULT_MAX_PIXELS = 1 << 30
 # TF itself refuses PNGs and JPEGs of 2**29 pixels or more, on every read.
 CORE_MAX_PIXELS = 1 << 28
 
+# Compact GPU-ready cache entries (`formats.compact`, `native/entry_core.h`): the
+# core refuses an entry whose header claims more pixels, before the caller sizes
+# any allocation from it (a small hostile entry can claim a huge image: zstd
+# frames of zeros are tiny). The default `max_pixels`: every entry the loader
+# writes is of an image it accepted (TF refuses PNGs of 2**29 pixels or more).
+ENTRY_MAX_PIXELS = DEFAULT_MAX_PIXELS
+
 # Wuffs' own limit on a side: below 2**20. A larger side goes to TF's decoder.
 WUFFS_SIDE_LIMIT = 1 << 20
 

@@ -1,10 +1,14 @@
-"""Builds the native PNG core (`png_core.cc` + Wuffs) into `_build/libdlpng.so`.
+"""Builds the native core (`png_core.cc` + Wuffs, `entry_core.cc` + zstd) into `_build/libdlpng.so`.
 
 `python -m dali_loader.native.build` (run by `make install` after the project's pip
 install). Wuffs' single-file C library is taken from the `pywuffs` 2.0.1 sdist at build
 time (`pip download`, about 45 s once; kept in `_build/`), never from the repository;
 `DL_WUFFS_SOURCE=/path/to/wuffs-unsupported-snapshot.c` (or the sdist's .tar.gz) skips
-the download. Only the modules the core needs are compiled. Quick when up to date.
+the download. Only the modules the core needs are compiled. zstd (the compact GPU-ready
+cache entries, `entry_core.h`) is taken the same way: the single-file amalgamation
+`zstd/zstd.c` + `zstd/zstd.h` of the `zstandard` 0.25.0 sdist (zstd 1.5.7), or
+`DL_ZSTD_SOURCE=/path/to/zstandard-0.25.0.tar.gz`; its symbols stay hidden inside the
+library. Quick when up to date.
 
 The TF op (`build_tf.py`) and the DALI operator (`build_dali.py`) import the helpers:
 `include_dirs()`, `defines()`, `core_library()` and `link_flags()` (link the shared
@@ -31,6 +35,8 @@ HERE = Path(__file__).resolve().parent
 BUILD_DIR = HERE / "_build"
 CORE_SOURCE = HERE / "png_core.cc"
 CORE_HEADER = HERE / "png_core.h"
+ENTRY_SOURCE = HERE / "entry_core.cc"
+ENTRY_HEADER = HERE / "entry_core.h"
 DRIVER_SOURCE = HERE / "fuzz_driver.cc"
 # Wuffs' implementation, with its CPU-feature probes asked once per process (why: there).
 WUFFS_UNIT = HERE / "wuffs_impl.c"
@@ -41,6 +47,12 @@ WUFFS_C = "wuffs-unsupported-snapshot.c"
 _WUFFS_IN_SDIST = "libs/wuffs/release/c/" + WUFFS_C
 _SDIST_DIR = BUILD_DIR / "sdist"
 _WUFFS_DIR = BUILD_DIR / "wuffs"
+ZSTANDARD = "zstandard==0.25.0"
+ZSTD_FILES = ("zstd.c", "zstd.h", "zstd_errors.h")  # under zstd/ in the sdist
+_ZSTD_DIR = BUILD_DIR / "zstd"
+# zstd's API hidden (-fvisibility=hidden does the rest): the core's zstd is its own.
+ZSTD_DEFINES = ("-DZSTDLIB_VISIBLE=", "-DZSTDERRORLIB_VISIBLE=", "-DZDICTLIB_VISIBLE=",
+                "-DZSTD_DISABLE_ASM=1")
 MODULES = ("BASE", "ADLER32", "CRC32", "DEFLATE", "ZLIB", "PNG")
 OPT_FLAGS = ("-O3", "-fPIC", "-fvisibility=hidden", "-g0")
 SANITIZE_FLAGS = ("-O1", "-g", "-fPIC", "-fsanitize=address,undefined",
@@ -91,6 +103,49 @@ def wuffs_source() -> Path:
     return _extract(sdists[-1])
 
 
+def _sdist(spec: str, pattern: str) -> Path:
+    """The sdist of `spec` in `_build/sdist/` (`pip download`ed once)."""
+    sdists = sorted(_SDIST_DIR.glob(pattern))
+    if sdists:
+        return sdists[-1]
+    _SDIST_DIR.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:",
+           "-d", str(_SDIST_DIR), spec]
+    logger.info("fetching %s: %s", spec, shlex.join(cmd))
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    sdists = sorted(_SDIST_DIR.glob(pattern))
+    if r.returncode or not sdists:
+        raise RuntimeError(f"Could not download the {spec} sdist with pip: "
+                           f"{r.stderr.strip()[-800:]}. With no network, set DL_ZSTD_SOURCE to "
+                           "a local copy of the sdist.")
+    return sdists[-1]
+
+
+def zstd_source() -> Path:
+    """zstd's single-file `zstd.c` (with `zstd.h` beside it): from $DL_ZSTD_SOURCE (the
+    `zstandard` sdist) or the sdist downloaded once into `_build/sdist/`."""
+    out = _ZSTD_DIR / "zstd.c"
+    given = os.environ.get("DL_ZSTD_SOURCE")
+    if given and not given.endswith(".tar.gz"):
+        raise FileNotFoundError("DL_ZSTD_SOURCE must name the zstandard sdist (.tar.gz). "
+                                f"Received: DL_ZSTD_SOURCE={given!r}")
+    if not given and all((_ZSTD_DIR / f).is_file() for f in ZSTD_FILES):
+        return out
+    sdist = Path(given) if given else _sdist(ZSTANDARD, "zstandard-*.tar.gz")
+    with tarfile.open(sdist) as tar:
+        _ZSTD_DIR.mkdir(parents=True, exist_ok=True)
+        for name in ZSTD_FILES:
+            member = next((m for m in tar.getmembers()
+                           if m.name.endswith("/zstd/" + name) and m.isfile()), None)
+            if member is None:
+                raise FileNotFoundError(f"{sdist} holds no zstd/{name}")
+            tmp = _ZSTD_DIR / (name + ".tmp")
+            with tar.extractfile(member) as f_in, open(tmp, "wb") as f_out:
+                shutil.copyfileobj(f_in, f_out)
+            os.replace(tmp, _ZSTD_DIR / name)
+    return out
+
+
 def _extract(sdist: Path) -> Path:
     out = _WUFFS_DIR / WUFFS_C
     with tarfile.open(sdist) as tar:
@@ -106,8 +161,9 @@ def _extract(sdist: Path) -> Path:
 
 
 def include_dirs() -> list[Path]:
-    """Where png_core.h and Wuffs' header (its .c file, without WUFFS_IMPLEMENTATION) are."""
-    return [HERE, wuffs_source().parent]
+    """Where png_core.h, Wuffs' header (its .c file, without WUFFS_IMPLEMENTATION) and
+    zstd.h are."""
+    return [HERE, wuffs_source().parent, zstd_source().parent]
 
 
 def _key(cmd: list[str]) -> str:
@@ -141,26 +197,35 @@ def _run(cmd: list[str], output: Path, inputs: list[Path]) -> Path:
 
 def _objects(flags: tuple[str, ...], out_dir: Path) -> list[Path]:
     wuffs = wuffs_source()
+    zstd = zstd_source()
     wuffs_o, core_o = out_dir / "wuffs.o", out_dir / "png_core.o"
+    zstd_o, entry_o = out_dir / "zstd.o", out_dir / "entry_core.o"
     _run([_compiler("gcc"), "-x", "c", "-std=c99", *flags, "-Werror=implicit-function-declaration",
           "-Werror=unused-function", "-DWUFFS_IMPLEMENTATION", *defines(), f"-I{wuffs.parent}",
           "-c", str(WUFFS_UNIT), "-o", str(wuffs_o)], wuffs_o, [wuffs, WUFFS_UNIT])
-    _run([_compiler("g++"), "-std=c++17", "-Wall", "-Wextra", *flags, *defines(),
-          *(f"-I{d}" for d in include_dirs()), "-c", str(CORE_SOURCE), "-o", str(core_o)],
-         core_o, [CORE_SOURCE, CORE_HEADER, wuffs])
-    return [wuffs_o, core_o]
+    _run([_compiler("gcc"), "-x", "c", "-std=gnu99", *flags, *ZSTD_DEFINES,
+          "-c", str(zstd), "-o", str(zstd_o)], zstd_o, [zstd])
+    includes = [f"-I{d}" for d in include_dirs()]
+    _run([_compiler("g++"), "-std=c++17", "-Wall", "-Wextra", *flags, *defines(), *includes,
+          "-c", str(CORE_SOURCE), "-o", str(core_o)], core_o, [CORE_SOURCE, CORE_HEADER, wuffs])
+    _run([_compiler("g++"), "-std=c++17", "-Wall", "-Wextra", *flags, *defines(), *ZSTD_DEFINES,
+          *includes, "-c", str(ENTRY_SOURCE), "-o", str(entry_o)], entry_o,
+         [ENTRY_SOURCE, ENTRY_HEADER, wuffs, zstd])
+    return [wuffs_o, core_o, zstd_o, entry_o]
 
 
 def core_objects() -> list[Path]:
-    """The core's position-independent objects (Wuffs' and png_core's), -O3, built if needed."""
+    """The core's position-independent objects (Wuffs', png_core's, zstd's and
+    entry_core's), -O3, built if needed."""
     return _objects(OPT_FLAGS, BUILD_DIR / "obj")
 
 
 def build() -> Path:
-    """Builds `_build/libdlpng.so` (exporting png_core.h's C API) if needed; returns its path."""
+    """Builds `_build/libdlpng.so` (exporting png_core.h's and entry_core.h's C API) if
+    needed; returns its path."""
     objs = core_objects()
     return _run([_compiler("g++"), "-shared", *OPT_FLAGS, "-Wl,-soname,libdlpng.so",
-                 *map(str, objs), "-o", str(LIBRARY)], LIBRARY, objs)
+                 *map(str, objs), "-pthread", "-o", str(LIBRARY)], LIBRARY, objs)
 
 
 def core_library() -> Path:
@@ -181,7 +246,8 @@ def sanitizer_driver() -> Path:
     exe = out_dir / "fuzz_driver"
     return _run([_compiler("g++"), "-std=c++17", *SANITIZE_FLAGS,
                  *(f"-I{d}" for d in include_dirs()), str(DRIVER_SOURCE), *map(str, objs),
-                 "-o", str(exe)], exe, [DRIVER_SOURCE, CORE_HEADER, *objs])
+                 "-pthread", "-o", str(exe)], exe, [DRIVER_SOURCE, CORE_HEADER, ENTRY_HEADER,
+                                                    *objs])
 
 
 def main(argv: list[str] | None = None) -> int:

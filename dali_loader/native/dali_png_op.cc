@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "dali/pipeline/operator/operator.h"
+#include "dali_loader/native/entry_core.h"
 #include "dali_loader/native/png_core.h"
 
 namespace dali_loader {
@@ -120,7 +121,106 @@ class PngDecode : public ::dali::Operator<::dali::CPUBackend> {
   std::vector<int> status_;
 };
 
+// fn.dali_loader.entry_decode(entries, max_pixels=N) -> pixels
+//   entries: 1-D uint8 per sample, a compact GPU-ready cache entry (entry_core.h).
+//   pixels:  HWC uint8, the entry's pixels (Keras's, as the cache stored them).
+// Headers are read and checked in SetupImpl (which sizes the output), the entries
+// decoded into DALI's output buffer on DALI's thread pool in RunImpl. An entry the
+// core refuses (torn, truncated, bit-flipped, not an entry) fails the batch with its
+// reason: the feed checks each entry's header before it reaches DALI and refills a
+// bad one, so only damage inside the compressed pixels gets here.
+class EntryDecode : public ::dali::Operator<::dali::CPUBackend> {
+ public:
+  explicit EntryDecode(const ::dali::OpSpec &spec)
+      : ::dali::Operator<::dali::CPUBackend>(spec),
+        max_pixels_(spec.GetArgument<int64_t>("max_pixels")) {
+    DALI_ENFORCE(max_pixels_ > 0,
+                 ::dali::make_string("`max_pixels` must be positive. Received: max_pixels=",
+                                     max_pixels_));
+  }
+
+  EntryDecode(const EntryDecode &) = delete;
+  EntryDecode &operator=(const EntryDecode &) = delete;
+
+ protected:
+  bool SetupImpl(std::vector<::dali::OutputDesc> &output_desc,
+                 const ::dali::Workspace &ws) override {
+    const auto &input = ws.Input<::dali::CPUBackend>(0);
+    DALI_ENFORCE(input.type() == DALI_UINT8,
+                 ::dali::make_string("dali_loader.entry_decode takes the entries' bytes as "
+                                     "uint8. Received: type=", input.type()));
+    const int n = input.num_samples();
+    ::dali::TensorListShape<3> shape(n);
+    for (int i = 0; i < n; ++i) {
+      const auto sample_shape = input.tensor_shape(i);
+      DALI_ENFORCE(sample_shape.sample_dim() == 1,
+                   ::dali::make_string("dali_loader.entry_decode takes 1-D samples. Received: "
+                                       "shape=", sample_shape));
+      dl_entry_info info;
+      const char *reason = nullptr;
+      DALI_ENFORCE(dl_entry_info_of(static_cast<const uint8_t *>(input.raw_tensor(i)),
+                                    static_cast<size_t>(sample_shape[0]),
+                                    static_cast<uint64_t>(max_pixels_), &info,
+                                    &reason) == DL_ENTRY_OK,
+                   ::dali::make_string("A compact GPU-ready cache entry is damaged (", reason,
+                                       "). Delete the cache folder's entries or fill them again "
+                                       "(dali-loader prefetch --gpu-ready). Received: sample ", i,
+                                       " of ", sample_shape[0], " bytes"));
+      shape.set_tensor_shape(i, ::dali::TensorShape<3>(info.height, info.width, info.channels));
+    }
+    output_desc.resize(1);
+    output_desc[0].shape = shape;
+    output_desc[0].type = DALI_UINT8;
+    return true;
+  }
+
+  void RunImpl(::dali::Workspace &ws) override {
+    const auto &input = ws.Input<::dali::CPUBackend>(0);
+    auto &pixels = ws.Output<::dali::CPUBackend>(0);
+    pixels.SetLayout("HWC");
+    auto &pool = ws.GetThreadPool();
+    const int n = input.num_samples();
+    reasons_.assign(n, nullptr);
+    for (int i = 0; i < n; ++i) {
+      const size_t out_size = pixels.tensor_shape(i).num_elements();
+      pool.AddWork(
+          [&, i, out_size](int) {
+            const char *reason = nullptr;
+            if (dl_entry_decode_into(static_cast<const uint8_t *>(input.raw_tensor(i)),
+                                     static_cast<size_t>(input.tensor_shape(i)[0]),
+                                     static_cast<uint64_t>(max_pixels_),
+                                     static_cast<uint8_t *>(pixels.raw_mutable_tensor(i)),
+                                     out_size, &reason) != DL_ENTRY_OK)
+              reasons_[i] = reason ? reason : "refused";
+          },
+          static_cast<int64_t>(out_size));
+    }
+    pool.RunAll();
+    for (int i = 0; i < n; ++i) {
+      DALI_ENFORCE(reasons_[i] == nullptr,
+                   ::dali::make_string("A compact GPU-ready cache entry is damaged (", reasons_[i],
+                                       "). Delete the cache folder's entries or fill them again "
+                                       "(dali-loader prefetch --gpu-ready). Received: sample ", i));
+    }
+  }
+
+ private:
+  int64_t max_pixels_;
+  std::vector<const char *> reasons_;
+};
+
 }  // namespace dali_loader
+
+DALI_REGISTER_OPERATOR(dali_loader__EntryDecode, ::dali_loader::EntryDecode, ::dali::CPU);
+
+DALI_SCHEMA(dali_loader__EntryDecode)
+    .DocStr(R"(Decodes dali-loader's compact GPU-ready cache entries (delta-filtered
+pixels in zstd chunks, with a CRC-32) into HWC uint8 pixels with the native core. A
+damaged entry fails the batch, naming why.)")
+    .NumInput(1)
+    .NumOutput(1)
+    .AddOptionalArg("max_pixels", "Refuse entries whose header claims more pixels.",
+                    int64_t{1} << 30);
 
 DALI_REGISTER_OPERATOR(dali_loader__PngDecode, ::dali_loader::PngDecode, ::dali::CPU);
 

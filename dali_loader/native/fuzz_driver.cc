@@ -1,4 +1,4 @@
-// Fuzz driver of the native PNG core: built with the core under ASan + UBSan by
+// Fuzz driver of the native core: built with the core under ASan + UBSan by
 // `python -m dali_loader.native.build --sanitize` (-> _build/asan/fuzz_driver).
 //
 // stdin: records, each a little-endian uint32 length then that many bytes (a file).
@@ -7,6 +7,9 @@
 // max_pixels from argv[1] (default 1 << 28). A sanitizer finding aborts the process
 // (-fno-sanitize-recover=all). With argv[2] == "-v", one line per file and mode:
 // "ok <CRC-32 of the pixels, as zlib.crc32>" or "fallback <reason>".
+// With argv[3] == "entry", each file is a compact cache entry (entry_core.h) instead:
+// its header read, then decoded into a buffer of exactly its pixels' size; one line
+// per file ("ok <CRC-32>" or "fallback <reason>").
 // Last line: "files N ok K fallback F".
 
 #include <stdint.h>
@@ -15,6 +18,9 @@
 
 #include <vector>
 
+#include <string.h>
+
+#include "entry_core.h"
 #include "png_core.h"
 
 static uint32_t crc32(const uint8_t* p, size_t n) {
@@ -34,6 +40,7 @@ static uint32_t crc32(const uint8_t* p, size_t n) {
 int main(int argc, char** argv) {
   const uint64_t max_pixels = argc > 1 ? strtoull(argv[1], nullptr, 10) : (1ull << 28);
   const bool verbose = argc > 2 && argv[2][0] == '-' && argv[2][1] == 'v';
+  const bool entries = argc > 3 && strcmp(argv[3], "entry") == 0;
   std::vector<uint8_t> data;
   uint64_t files = 0, ok = 0, fallback = 0;
   for (;;) {
@@ -48,6 +55,40 @@ int main(int argc, char** argv) {
       return 2;
     }
     files++;
+    if (entries) {
+      dl_entry_info info;
+      const char* reason = nullptr;
+      int rc = dl_entry_info_of(file, n, max_pixels, &info, &reason);
+      uint32_t hash = 0;
+      if (rc == DL_ENTRY_OK) {
+        const size_t size = size_t{info.height} * info.width * info.channels;
+        if (uint64_t{info.width} * info.height > max_pixels) {
+          fprintf(stderr, "an entry of %ux%u over max_pixels\n", info.width, info.height);
+          return 3;
+        }
+        uint8_t* out = static_cast<uint8_t*>(malloc(size));
+        rc = dl_entry_decode_into(file, n, max_pixels, out, size, &reason);
+        if (rc == DL_ENTRY_OK) hash = crc32(out, size);
+        free(out);
+      }
+      if (rc == DL_ENTRY_OK) {
+        ok++;
+      } else if (reason == nullptr) {
+        fprintf(stderr, "a refused entry without a reason\n");
+        return 4;
+      } else {
+        fallback++;
+      }
+      if (verbose) {
+        if (rc == DL_ENTRY_OK) {
+          printf("ok %08x\n", hash);
+        } else {
+          printf("fallback %s\n", reason);
+        }
+      }
+      free(file);
+      continue;
+    }
     for (int channels : {1, 3, 4}) {
       dl_png_plan plan;
       const char* reason = nullptr;

@@ -101,6 +101,8 @@ def make_loader(source: Source, index: Index, spec: ImageSpec, plan: Plan | None
                                  max_pixels=o.max_pixels, **dali)
     elif reader is ItemReader.READY_PINNED:  # whole batches of entries, resized as one tensor
         loader = Feed(index, ReadyPinned(ready, index.paths), chunk_size=batch_size, **kw)
+    elif reader is ItemReader.READY_BYTES:  # compact entries: whole batches for the TF op
+        loader = Feed(index, ReadyBytes(ready, index.paths), chunk_size=batch_size, **kw)
     elif reader is ItemReader.PATHS:  # no reads to wait for: large chunks (after a small one)
         loader = Feed(index, Paths(index.paths, o.max_pixels), chunk_size=TF_LOCAL_CHUNK, **kw)
     else:
@@ -122,8 +124,10 @@ def ready_cache(source: Source, form: ReadyForm, channels: int,
     Wuffs) or else TF's decoder."""
     decode = (functools.partial(_keras_pixels, channels, max_pixels) if pixels is None
               else pixels)
-    return ReadyCache(source, form, channels, decode,
-                      alloc=functools.partial(pooled_empty, import_tf()))
+    # Raw entries are read into TF's pooled memory (a large image's pixels reuse what TF
+    # freed after decoding it); compact entries are small bytes, read as they are.
+    alloc = None if form is ReadyForm.COMPACT else functools.partial(pooled_empty, import_tf())
+    return ReadyCache(source, form, channels, decode, alloc=alloc)
 
 
 def _keras_pixels(channels: int, max_pixels: int | None, data: bytes, path: str) -> np.ndarray:
@@ -173,8 +177,9 @@ def to_tf_dataset(loader: DaliBatches | Feed, spec: ImageSpec, batch_size: int |
         if plan.engine is Engine.DALI:
             ds = dali_dataset(tf, loader, spec, batch_size, which)
             feed = loader.feed
-        elif plan.item_reader is ItemReader.READY_PINNED:
-            ds = ready_dataset(tf, loader, spec, batch_size, num_threads, which)
+        elif plan.item_reader in (ItemReader.READY_PINNED, ItemReader.READY_BYTES):
+            ds = ready_dataset(tf, loader, spec, batch_size, num_threads, which,
+                               compact=plan.cache_form is ReadyForm.COMPACT)
             feed = loader
         else:  # Keras's labels made in the audit's own map: one function fewer per iterator
             ds, audits = tf_kernel_dataset(tf, loader, spec, batch_size, num_threads, which,

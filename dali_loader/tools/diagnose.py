@@ -78,6 +78,7 @@ class Measurements:
     # and the mean entry size; measured when decode bounds the pipeline (None: not measured).
     cached_all_cores: float | None = None
     cached_object_bytes: float | None = None
+    cached_form: str = "compact"  # the entries the cached epoch was timed on
     # The PNG decoder this loader runs ("wuffs" or "libpng"; decode_* above are libpng's), the
     # option that picked it (None: the default, libpng), Wuffs' rates (None: not
     # installed), the sampled PNGs and how many of them Wuffs leaves to libpng.
@@ -283,7 +284,8 @@ def _cache_advice(m: Measurements, cpu: float, cons: float, lifts: bool) -> str:
     cached = m.cached_all_cores
     size = ""
     if m.cached_object_bytes and m.mean_object_bytes:
-        size = (f"; its raw-pixel entries take {m.cached_object_bytes / m.mean_object_bytes:.1f}x "
+        size = (f"; its {m.cached_form} entries take "
+                f"{m.cached_object_bytes / m.mean_object_bytes:.1f}x "
                 f"the source's bytes on local disk")
     if m.cached_object_bytes and m.num_files:
         size += (f", about {_fmt_bytes(m.cached_object_bytes * m.num_files)} for all "
@@ -447,22 +449,40 @@ def plan_table(plan: Plan) -> dict[str, dict[str, str]]:
 
 
 def _cached_kernel(image_size: Sequence[int]):
-    """``(encode, read)``: a cached entry of decoded pixels, and what a cached epoch does with
-    it on the TF path (raw pixels read back, resized like Keras); None without TF."""
+    """``(encode, read, form)``: a cached entry of decoded pixels in the form `gpu_ready=True`
+    writes here, and what a cached epoch does with it on the TF path (a compact entry decoded
+    by the native TF op, or raw pixels read back; then resized like Keras); None without TF."""
     try:
         import tensorflow as tf
     except ImportError:
         return None
     import numpy as np
 
-    from dali_loader.formats.ready import encode_raw
+    from dali_loader.decode import tf_png
     from dali_loader.decode.spec import ImageSpec
-    from dali_loader.decode.tf_kernels import decode_ready_like_keras
+    from dali_loader.decode.tf_kernels import decode_ready_like_keras, resize_like_keras
+    from dali_loader.formats import compact
+    from dali_loader.formats.ready import encode_raw
 
     spec = ImageSpec(int(image_size[0]), int(image_size[1]))
+    sig = [tf.TensorSpec((), tf.string)]
+    if compact.available() and tf_png.available():
+        def read_compact(data):
+            flat = tf.io.decode_raw(data, tf.uint8)
+            hwc = tf.cast(tf.bitcast(tf.reshape(flat[8:20], (3, 4)), tf.uint32), tf.int32)
+            total = tf.reduce_prod(tf.cast(hwc, tf.int64))
+            pixels, _ = tf_png.decode_entries(flat, tf.stack([0, tf.size(flat, tf.int64)]),
+                                              tf.zeros([1], tf.int64), hwc[None], total)
+            img = tf.reshape(pixels, hwc)
+            img.set_shape((None, None, spec.channels))
+            return resize_like_keras(img, spec, tf)
+
+        read = tf.function(read_compact, autograph=False, input_signature=sig)
+        return (lambda pixels: bytes(compact.encode(np.asarray(pixels, np.uint8)))), read, \
+            "compact"
     read = tf.function(lambda data: decode_ready_like_keras(data, spec, tf), autograph=False,
-                       input_signature=[tf.TensorSpec((), tf.string)])
-    return (lambda pixels: encode_raw(np.asarray(pixels, np.uint8))), read
+                       input_signature=sig)
+    return (lambda pixels: encode_raw(np.asarray(pixels, np.uint8))), read, "raw-pixel"
 
 
 def _timed_map(fn, items: Sequence, workers: int, budget_s: float) -> float:
@@ -643,13 +663,13 @@ def run_diagnose(source: str, *, step_time: float = 0.0, batch_size: int = 32,
     if "decode" in (v["bottleneck"], v["bottleneck_with_loader"]):
         kernel = _cached_kernel(image_size)
         if kernel is not None:
-            encode, read = kernel
+            encode, read, m.cached_form = kernel
             entries = [encode(im) for im in images]
             read(entries[0])  # trace once, outside the timing
             m.cached_all_cores = _timed_map(read, entries, cores, budget_s / 2)
             m.cached_object_bytes = statistics.fmean(len(e) for e in entries)
-            logger.info("cached epoch (GPU-ready cache, raw entries): %.0f img/s on all cores",
-                        m.cached_all_cores)
+            logger.info("cached epoch (GPU-ready cache, %s entries): %.0f img/s on all cores",
+                        m.cached_form, m.cached_all_cores)
     if measure_loader:
         m.loader_rate, m.loader_device, m.loader_error = _measure_loader(
             source, batch_size, image_size, loader_batches, loader_in_flight, device, png_decoder)

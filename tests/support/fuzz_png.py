@@ -105,11 +105,14 @@ class FuzzResult:
 
 
 def run_driver(driver: Path, files: list[bytes], max_pixels: int = 1 << 22,
-               verbose: bool = False, timeout: float = 600) -> tuple[FuzzResult, list[str]]:
-    """Runs the sanitizer driver on `files`; raises RuntimeError (with the sanitizer's
-    report) on any finding. Returns the counts and, when `verbose`, the per-mode lines."""
+               verbose: bool = False, timeout: float = 600,
+               entries: bool = False) -> tuple[FuzzResult, list[str]]:
+    """Runs the sanitizer driver on `files` (PNGs, or compact cache entries when
+    `entries`); raises RuntimeError (with the sanitizer's report) on any finding.
+    Returns the counts and, when `verbose`, the per-mode (per-entry) lines."""
     t0 = time.monotonic()
-    args = [str(driver), str(max_pixels)] + (["-v"] if verbose else [])
+    args = [str(driver), str(max_pixels), "-v" if verbose else "-q"] + (
+        ["entry"] if entries else [])
     r = subprocess.run(args, input=records(files), capture_output=True, timeout=timeout)
     err = r.stderr.decode(errors="replace")
     if r.returncode or "runtime error" in err or "Sanitizer" in err:

@@ -266,3 +266,20 @@ def gpu_handoff(**options):
     from dali_loader.plan import Options, resolve
 
     return resolve(Options(**options), on_a_gpu()).handoff
+
+
+def sanitizer_driver():
+    """The native core's ASan + UBSan fuzz driver (`build.sanitizer_driver`), built if
+    needed; skips the test where no compiler is installed or it does not build."""
+    import shutil
+
+    import pytest
+
+    if not (shutil.which("g++") and shutil.which("gcc")):
+        pytest.skip("no C/C++ compiler (g++, gcc) to build the sanitizer driver")
+    from dali_loader.native import build
+
+    try:
+        return build.sanitizer_driver()
+    except (RuntimeError, FileNotFoundError) as e:
+        pytest.skip(f"the sanitizer driver does not build here: {e}")
