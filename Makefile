@@ -14,7 +14,7 @@ DALI_VERSION ?= 2.4.0
 TF_PKG ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo 'tensorflow[and-cuda]' || echo tensorflow)
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
-.PHONY: install test test-fast fuse-lib demo gpu-check gpu-check-png gpu-check-compact gpu-check-tf bench clean
+.PHONY: install test test-fast lint fuse-lib demo gpu-check gpu-check-png gpu-check-compact gpu-check-tf bench clean
 
 install: $(STAMP) $(NATIVE_LIBS)
 
@@ -48,8 +48,13 @@ $(NATIVE_BUILD)/dl_dali_png.so: $(NATIVE_BUILD)/libdlpng.so $(NATIVE)/dali_png_o
 	$(VPY) -m dali_loader.native.build_dali
 	touch $@
 
-test: install fuse-lib
+test: install fuse-lib lint
 	$(VPY) -m pytest -q -ra --durations=25
+
+# ruff over the whole repository (pyproject.toml's [tool.ruff]: the rules, and why some are not
+# selected); `make test` runs it first.
+lint: $(STAMP)
+	$(VPY) -m ruff check .
 
 # libfuse2 for tests/test_fuse.py's FUSE mount (fusepy needs it): installed when root and
 # missing (CI runs as root in a fresh clone); otherwise those tests skip, saying so.

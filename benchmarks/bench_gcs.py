@@ -21,7 +21,7 @@ import tempfile
 import time
 
 import harness
-from dali_loader.testing.fakegcs import write_random_tree
+from support.fakegcs import write_random_tree
 from dali_loader.storage.remote import open_remote
 
 log = logging.getLogger("bench_gcs")

@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/bench_gcs_loader.py --num-images 384 --latency 0.05 --max-in-flight 64 --rounds 5
 
 Photo-like 500x375 PNGs (``dali_loader.tools.sample``) are served as ``gs://b/data`` by the loopback fake
-GCS server (``python -m dali_loader.testing.fakegcs``, its own process, ``--latency`` seconds slept before
+GCS server (``PYTHONPATH=tests python -m support.fakegcs``, its own process, ``--latency`` seconds slept before
 every request). Every timed pipeline runs in this one process, at 244x244 and batch 128:
 
 * ``seed``: the question's pipeline (``baselines.seed_pipeline``, all images, no split) over gs://:

@@ -35,6 +35,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 # The loader timed: this checkout's, or another one's (`--code DIR`, e.g. a "before" build).
 sys.path.insert(0, os.environ.get("BENCH_MATRIX_CODE") or ROOT)
+sys.path.append(os.path.join(ROOT, "tests"))  # the slow FUSE mount (tests/support/slowfuse.py)
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 DISTINCT = 2048  # distinct files per kind; more are hard links to them
@@ -180,7 +181,7 @@ def child(kind: Kind, data: str, counts: list[int], min_epochs: int, seconds: fl
         root = folder(kind, count, data)
         for cm in kind.color_modes:
             if kind.fuse:
-                from dali_loader.testing.slowfuse import SlowMount, fuse_problem
+                from support.slowfuse import SlowMount, fuse_problem
 
                 if fuse_problem():
                     print(json.dumps({"kind": kind.name, "count": count, "color_mode": cm,

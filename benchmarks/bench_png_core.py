@@ -1,6 +1,6 @@
 """The native PNG core alone, per core: CPU time and page faults per image, one thread.
 
-Over 200 photo-like 500x375 PNGs (`testing.pngs.photo` + `encode_png`, all five filter
+Over 200 photo-like 500x375 PNGs (`support.pngs.photo` + `encode_png`, all five filter
 types), decoded to RGB in memory, alternating in one process, round after round:
 
 - ``tf``: eager ``tf.io.decode_png(data, channels=3)`` (libpng; what Keras runs);
@@ -9,8 +9,9 @@ types), decoded to RGB in memory, alternating in one process, round after round:
 - ``native-into``: ``png_native.decode_png_into`` one reused buffer (what a pool gives).
 
 CPU time is the threads' (``time.thread_time``, summed); page faults are the process's minor
-faults (``ru_minflt``); images/s is wall-clock over all threads. Prints each round and the best round per decoder (this VM's
-timings are noisy: compare best of rounds), and the ratio of each to ``tf``.
+faults (``ru_minflt``); images/s is wall-clock over all threads. Prints each round and the
+best round per decoder (this VM's timings are noisy: compare best of rounds), and the ratio of
+each to ``tf``.
 
     .venv/bin/python benchmarks/bench_png_core.py [--images 200] [--rounds 7] [--threads 1] \\
         [--filters 0,1,2,3,4]

@@ -12,7 +12,7 @@ each epoch (RSS growth over the process's baseline with TF imported, divided by 
 Then CPU per image again, the three loaders in turn in one process over several rounds
 (best and median), under glibc's default malloc and a tuned one, each in its own process.
 
-gs://: the fake GCS server (`dali_loader.testing.fakegcs`) in its own process, 100k
+gs://: the fake GCS server (`support.fakegcs`) in its own process, 100k
 objects in 100 class prefixes, 1000 per page, at 0, 20 and 50 ms per request. Per
 latency, in fresh processes: a bare sequential `list_blobs(page_size=1000)`; this
 project's listing alone (`RemoteSource.list_objects`, client CPU per object); the first
@@ -150,7 +150,7 @@ def bench_local(sizes: list[int], base: str) -> None:
             print(f"{n:>7} {kind:<11} {r['construct_s']:7.2f} {r['epochs'][0]['first_batch_s']:7.3f} "
                   f"{last['first_batch_s']:7.3f} {last['img_s']:7.0f} {last['cpu_ms_img']:7.3f} "
                   f"{r['bytes_per_file_built']:7.0f} "
-                  f"{' / '.join('%.0f' % e['bytes_per_file'] for e in r['epochs']):<24}", flush=True)
+                  f"{' / '.join(format(e['bytes_per_file'], '.0f') for e in r['epochs']):<24}", flush=True)
         k, o, g = rows["keras"], rows["ours"], rows["ours_ready"]
         print(f"{n:>7} ratios: construction ours/keras {o['construct_s'] / k['construct_s']:.2f}; CPU per image "
               f"ours/keras {o['epochs'][-1]['cpu_ms_img'] / k['epochs'][-1]['cpu_ms_img']:.2f}, cached "
@@ -174,7 +174,7 @@ def bench_turns(n: int, rounds: int, base: str) -> None:
             ms.pop("seconds")
             kmin, kmed = min(ms["keras"]), statistics.median(ms["keras"])
             for kind, v in ms.items():
-                print(f"  malloc {which:<7} {kind:<10} CPU ms/img {' '.join('%.3f' % x for x in v)}; "
+                print(f"  malloc {which:<7} {kind:<10} CPU ms/img {' '.join(f'{x:.3f}' for x in v)}; "
                       f"best {min(v):.3f} ({min(v) / kmin:.2f}x Keras's best), median "
                       f"{statistics.median(v):.3f} ({statistics.median(v) / kmed:.2f}x)", flush=True)
     finally:

@@ -27,7 +27,7 @@ import tempfile
 import time
 
 import harness
-from dali_loader.testing.cluster import run_and_exit, run_processes, strategy as make_strategy
+from support.cluster import run_and_exit, run_processes, strategy as make_strategy
 
 GLOBAL_BATCH = 64
 IMAGE_SIZE = (244, 244)

@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from dali_loader.api import open_index
     from dali_loader.decode.spec import ImageSpec
-    from dali_loader.testing.service_cluster import LoopbackService
+    from support.service_cluster import LoopbackService
     from dali_loader.tfdata.service import distributor
     from dali_loader.tfdata.graph_dataset import graph_dataset
     from tf_adapter import image_dataset_from_directory
@@ -173,8 +173,8 @@ def main(argv: list[str] | None = None) -> int:
             assert set(codes) <= {0, 1}, codes
 
     base = rows[0]["best"]  # Keras
-    print(f"\n| set-up | images/s best (median) | vs Keras | first batch s (median) | "
-          f"trainer CPU ms/image | workers' CPU ms/image | exactly once (epochs) | missing / repeated |")
+    print("\n| set-up | images/s best (median) | vs Keras | first batch s (median) | "
+          "trainer CPU ms/image | workers' CPU ms/image | exactly once (epochs) | missing / repeated |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         wm = "-" if r["worker_ms"] is None else f"{r['worker_ms']:.1f}"

@@ -6,7 +6,7 @@ dataset), alternating in every round:
 1. The decode alone, inside tf.data (no Python per image): in-memory bytes to RGB pixels
    through ``Dataset.map`` on a private pool of 1 and then 2 threads, over the sample
    dataset's PNGs (sensor noise, compression 1.67x) and over smoother photo-like PNGs
-   (``testing.pngs.photo``, saved by Pillow: compression about 2.2x), with
+   (``support.pngs.photo``, saved by Pillow: compression about 2.2x), with
    ``tf.io.decode_png`` (libpng, what Keras and the seed run), the op alone
    (``tf_png.decode_png``) and the op behind its fallback ``tf.cond``
    (``tf_png.decode_image_like_keras``, what the dataset runs). Images/s and CPU ms per image

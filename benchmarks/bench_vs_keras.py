@@ -14,7 +14,7 @@ the time to the first batch of a fresh iterator (`next(iter(ds))`), best of the 
 `MALLOC_TRIM_THRESHOLD_=131072` (glibc's thresholds fixed as TF's `from_generator` fixes them).
 
 `--fuse` serves each folder through a real FUSE mount that sleeps 50 ms in every open()
-(`dali_loader.testing.slowfuse`, like gcsfuse's GET per file) and times both loaders there
+(`support.slowfuse`, like gcsfuse's GET per file) and times both loaders there
 (best and worst of the epochs: the issue asks for at least 5x Keras on every epoch):
 
     .venv/bin/python benchmarks/bench_vs_keras.py --format png --sizes 512 --fuse --epochs 3
@@ -227,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
         for n in a.sizes:
             root = a.data or make_tree(os.path.join(tmp, f"{a.format}{n}"), n, a.format)
             if a.fuse:
-                from dali_loader.testing.slowfuse import SlowMount
+                from support.slowfuse import SlowMount
 
                 with SlowMount(root, os.path.join(tmp, f"mnt{n}"), delay=a.delay) as m:
                     out = subprocess.run(
@@ -261,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(json.dumps({"files": n, "malloc_fixed": malloc, **r}), file=sys.stderr)
     if not rows:
         return 0
-    print(f"| files | malloc | Keras img/s | ours img/s | ratio | first batch Keras / ours (ms) |")
+    print("| files | malloc | Keras img/s | ours img/s | ratio | first batch Keras / ours (ms) |")
     print("|---|---|---:|---:|---:|---|")
     for n, malloc, k, o, fk, fo in rows:
         print(f"| {n:,} | {'fixed 128 KB' if malloc else 'default'} | {k:,.0f} | {o:,.0f} "

@@ -26,8 +26,10 @@ from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
+TESTS = os.path.join(ROOT, "tests")  # the test support (fake GCS, PNG makers): `support`
+for _path in (TESTS, ROOT):
+    if _path not in sys.path:
+        sys.path.insert(0, _path)
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from dali_loader.tools.bench import RunStats, timed_epoch  # noqa: E402
@@ -117,7 +119,7 @@ def tiny_tree(root: str, n: int, classes: int = 1, size: int = 8) -> str:
     folders under ``root``: decoding is nearly free, what is left is the per-file cost."""
     import numpy as np
 
-    from dali_loader.testing.pngs import encode_png
+    from support.pngs import encode_png
 
     rng = np.random.default_rng(0)
     blobs = [encode_png(rng.integers(0, 256, (size, size, 3), dtype=np.uint8), (1,))
@@ -132,13 +134,13 @@ def tiny_tree(root: str, n: int, classes: int = 1, size: int = 8) -> str:
 
 def photo_pngs(n: int, filters: tuple[int, ...] | None = None, seed: int = 0,
                h: int = 375, w: int = 500) -> list[bytes]:
-    """``n`` smooth photo-like RGB PNGs (``testing.pngs.photo``): rows filtered with
+    """``n`` smooth photo-like RGB PNGs (``support.pngs.photo``): rows filtered with
     ``filters`` in turn (``encode_png``), or saved by Pillow (``filters`` None)."""
     import io
 
     import numpy as np
 
-    from dali_loader.testing.pngs import encode_png, photo
+    from support.pngs import encode_png, photo
 
     rng = np.random.default_rng(seed)
     out = []
@@ -157,9 +159,9 @@ def photo_pngs(n: int, filters: tuple[int, ...] | None = None, seed: int = 0,
 # --------------------------------------------------------------------- fake GCS
 @contextlib.contextmanager
 def fake_gcs(*args: str) -> Iterator[tuple[str, int]]:
-    """The loopback fake GCS server (``python -m dali_loader.testing.fakegcs ARGS``) in its
+    """The loopback fake GCS server (``PYTHONPATH=tests python -m support.fakegcs ARGS``) in its
     own process, so that it does not share the GIL with the client; yields (endpoint, pid)."""
-    proc = subprocess.Popen([sys.executable, "-m", "dali_loader.testing.fakegcs", *args],
+    proc = subprocess.Popen([sys.executable, "-m", "support.fakegcs", *args],
                             env=_child_env(), cwd=ROOT, stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, text=True)
     try:
@@ -278,8 +280,9 @@ def dali_decode_rate(paths: Sequence[str], num_threads: int, batch: int = 128) -
 
 # ------------------------------------------------------------- child processes
 def _child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """This environment with the checkout and ``benchmarks/`` on PYTHONPATH, plus ``extra``."""
-    path = os.pathsep.join(p for p in (ROOT, HERE, os.environ.get("PYTHONPATH")) if p)
+    """This environment with the checkout, ``tests/`` (``support``) and ``benchmarks/`` on
+    PYTHONPATH, plus ``extra``."""
+    path = os.pathsep.join(p for p in (ROOT, TESTS, HERE, os.environ.get("PYTHONPATH")) if p)
     return {**os.environ, "PYTHONPATH": path, **(extra or {})}
 
 

@@ -13,40 +13,19 @@ import weakref
 import numpy as np
 import pytest
 
+from support import REPO
+from support.helpers import _photo, save
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # DALI_LOADER_GC_STRESS=N collects every N allocations (Python's default: 700), so that
 # finalizers run in odd threads at odd moments: a stress run for `_collector_not_stuck`.
 if os.environ.get("DALI_LOADER_GC_STRESS"):
     gc.set_threshold(int(os.environ["DALI_LOADER_GC_STRESS"]), 2, 2)
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
 # PngSuite is an extra corpus where present; DALI_LOADER_PNGSUITE points elsewhere (a missing
 # folder runs the suite as a clone with no ../shared does).
 PNGSUITE = pathlib.Path(os.environ.get("DALI_LOADER_PNGSUITE",
                                        REPO.parent / "shared" / "pngsuite"))
-
-
-def _photo(rng: np.random.Generator, h: int, w: int) -> np.ndarray:
-    """A smooth, noisy, photo-like RGB image."""
-    y, x = np.mgrid[0:h, 0:w].astype(np.float32)
-    base = np.stack(
-        [
-            127 + 100 * np.sin(x / rng.uniform(5, 30) + rng.uniform(0, 6)),
-            127 + 100 * np.cos(y / rng.uniform(5, 30) + rng.uniform(0, 6)),
-            127 + 100 * np.sin((x + y) / rng.uniform(5, 30)),
-        ],
-        -1,
-    )
-    base += rng.normal(0, 6, base.shape)
-    return np.clip(base, 0, 255).astype(np.uint8)
-
-
-def save(path: pathlib.Path, arr: np.ndarray, fmt: str = "PNG") -> pathlib.Path:
-    from PIL import Image
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    Image.fromarray(arr).save(path, format=fmt)
-    return path
 
 
 @pytest.fixture(scope="session")
@@ -58,11 +37,11 @@ def pngsuite() -> pathlib.Path:
 
 
 def corpus_files() -> dict[str, bytes]:
-    """The generated stand-in for PngSuite (`dali_loader.testing.png_corpus`), sized for
+    """The generated stand-in for PngSuite (`support.png_corpus`), sized for
     tests that go through every file: at 13x11 every colour type x depth x interlace x
     variant (240); at 1x1 and 3x2 (some Adam7 passes empty) the plain files (60); and the
     19 corrupt files ("x" names)."""
-    from dali_loader.testing.png_corpus import corrupt_corpus, valid_corpus
+    from support.png_corpus import corrupt_corpus, valid_corpus
 
     valid = {n: d for n, d in valid_corpus().items()
              if n.endswith("_13x11.png") or "_plain_" in n}
@@ -74,7 +53,7 @@ def pngs(tmp_path_factory) -> pathlib.Path:
     """One folder of PNGs to run every file through: the generated corpus (`corpus_files`)
     and, where present, PngSuite's files too (names never collide). Corrupt files' names
     start with "x", valid ones' never do."""
-    from dali_loader.testing.png_corpus import write
+    from support.png_corpus import write
 
     root = tmp_path_factory.mktemp("pngs")
     write(str(root), corpus_files())
@@ -82,16 +61,6 @@ def pngs(tmp_path_factory) -> pathlib.Path:
         for p in PNGSUITE.glob("*.png"):
             shutil.copy(p, root / p.name)
     return root
-
-
-def valid_pngs(folder: pathlib.Path) -> list[pathlib.Path]:
-    """The valid PNGs of `folder` (names not starting with "x"), sorted."""
-    return sorted(p for p in folder.glob("*.png") if not p.name.startswith("x"))
-
-
-def corrupt_pngs(folder: pathlib.Path) -> list[pathlib.Path]:
-    """The corrupt PNGs of `folder` (names starting with "x"), sorted."""
-    return sorted(folder.glob("x*.png"))
 
 
 @pytest.fixture(scope="session")
@@ -131,7 +100,7 @@ MESSY_PNGS = ("g01_i1_plain_13x11.png", "g02_i0_trns_13x11.png", "g04_i1_gamma45
 def messy_tree(tmp_path_factory) -> pathlib.Path:
     """Nested folders, odd names, .PNG/.Jpg extensions, mixed colour types,
     an empty class, hidden entries and non-image files."""
-    from dali_loader.testing.png_corpus import valid_corpus
+    from support.png_corpus import valid_corpus
 
     root = tmp_path_factory.mktemp("messy")
     rng = np.random.default_rng(1)
@@ -175,7 +144,7 @@ def serve(monkeypatch):
 @pytest.fixture
 def gcs(serve):
     """Serves a local folder as gs://b (`prefix=`, `faults=`... as `FakeGCS.from_directory`)."""
-    from dali_loader.testing.fakegcs import FakeGCS
+    from support.fakegcs import FakeGCS
 
     return lambda root, **kw: serve(FakeGCS.from_directory(str(root), **kw))
 

@@ -91,7 +91,7 @@ def _keras_multiworker_workarounds(model, strategy) -> None:
 def main(mode: str, id_tree: str, out_path: str) -> None:
     import numpy as np
 
-    from dali_loader.testing.cluster import strategy as make_strategy
+    from support.cluster import strategy as make_strategy
 
     if mode not in ("mirrored", "multi"):
         raise SystemExit(f"unknown mode {mode!r}")
@@ -161,6 +161,6 @@ def main(mode: str, id_tree: str, out_path: str) -> None:
 
 
 if __name__ == "__main__":
-    from dali_loader.testing.cluster import run_and_exit
+    from support.cluster import run_and_exit
 
     run_and_exit(main, *sys.argv[1:4])

@@ -19,7 +19,7 @@ os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
 
 
 def main(target: str, tree: str, out: str) -> None:
-    from dali_loader.testing.cluster import strategy as make_strategy
+    from support.cluster import strategy as make_strategy
 
     strategy, _ = make_strategy("mirrored")
     import keras
@@ -40,6 +40,6 @@ def main(target: str, tree: str, out: str) -> None:
 
 
 if __name__ == "__main__":
-    from dali_loader.testing.cluster import run_and_exit
+    from support.cluster import run_and_exit
 
     run_and_exit(main, *sys.argv[1:4])

@@ -35,7 +35,7 @@ def _bad_zlib_png(good: bytes) -> bytes:
 def bad_tree(tmp_path, id_tree, pngs):
     """id_tree with every corrupt PNG of `pngs` (generated; PngSuite's too where present)
     and a few more bad files."""
-    from conftest import corrupt_pngs
+    from support.helpers import corrupt_pngs
 
     root = tmp_path / "bad"
     shutil.copytree(id_tree, root)

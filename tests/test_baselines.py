@@ -86,14 +86,14 @@ def test_seed_pipeline_label_rule_against_paths(solid_tree):
 
 def test_tuned_pipeline_reads_everything(solid_tree):
     ds = tuned_pipeline(solid_tree, batch_size=7, image_size=(32, 48), seed=3)
-    p, l, shapes, dtypes = _collect(ds)
+    p, labels, shapes, dtypes = _collect(ds)
     assert shapes == {(32, 48, 3)} and dtypes == {(tf.float32, tf.int32)}
-    assert [_true_class(x) for x in p] == list(l)
-    assert collections.Counter(l) == {k: PER_CLASS for k in range(3)}
+    assert [_true_class(x) for x in p] == list(labels)
+    assert collections.Counter(labels) == {k: PER_CLASS for k in range(3)}
 
 
 def test_gs_sources_read_through_gcs(solid_tree, monkeypatch):
-    fakegcs = pytest.importorskip("dali_loader.testing.fakegcs")
+    fakegcs = pytest.importorskip("support.fakegcs")
     with fakegcs.FakeGCS.from_directory(solid_tree, bucket="b", prefix="data") as srv:
         monkeypatch.setenv("STORAGE_EMULATOR_HOST", srv.endpoint)
         assert len(list_pngs("gs://b/data")) == len(CLASSES) * PER_CLASS
@@ -103,8 +103,10 @@ def test_gs_sources_read_through_gcs(solid_tree, monkeypatch):
         assert shapes == {(24, 24, 3)}
         assert [_true_class(x) for x in list(tp) + list(vp)] == list(tl) + list(vl)
         assert collections.Counter(list(tl) + list(vl)) == {k: PER_CLASS for k in range(3)}
-        p, l, _, _ = _collect(tuned_pipeline("gs://b/data", batch_size=16, image_size=(24, 24)))
-        assert [_true_class(x) for x in p] == list(l) and len(l) == len(CLASSES) * PER_CLASS
+        p, labels, _, _ = _collect(tuned_pipeline("gs://b/data", batch_size=16,
+                                                  image_size=(24, 24)))
+        assert [_true_class(x) for x in p] == list(labels)
+        assert len(labels) == len(CLASSES) * PER_CLASS
 
 
 def test_bad_arguments(solid_tree, tmp_path):

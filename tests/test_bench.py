@@ -141,7 +141,7 @@ def test_bench_writes_three_files(tiny_tree, tmp_path, capsys):
     assert res["png_decoder"] is None
 
     md = (out / "results.md").read_text()
-    assert sum(l.startswith("| ") for l in md.splitlines()) == 1 + len(names)
+    assert sum(line.startswith("| ") for line in md.splitlines()) == 1 + len(names)
     assert "input wait" in md and "CPU decodes/epoch" in md and "cache / source bytes" in md
     assert "| decoder |" in md
     # Named for the files present (issue 29): this folder holds PNGs only.
@@ -149,8 +149,8 @@ def test_bench_writes_three_files(tiny_tree, tmp_path, capsys):
     assert by["seed"]["decoder"] == "libpng (PNG)" and "| seed | libpng (PNG) |" in md
     for n in names:
         assert f"| {n} |" in md
-    cells = [[c.strip() for c in l.strip().strip("|").split("|")] for l in md.splitlines()
-             if l.startswith("| ") and not l.startswith("| pipeline")]
+    cells = [[c.strip() for c in line.strip().strip("|").split("|")] for line in md.splitlines()
+             if line.startswith("| ") and not line.startswith("| pipeline")]
     rows = {c[0]: c for c in cells}
     assert rows["tuned"][1] == rows["seed"][1] == "libpng (PNG)"
     assert rows["tuned"][10:] == ["24", "", ""]

@@ -15,7 +15,8 @@ import sys
 
 import pytest
 
-from conftest import REPO
+from support import pythonpath
+from support.helpers import REPO
 
 pytestmark = pytest.mark.slow
 BENCH = REPO / "benchmarks"
@@ -23,7 +24,7 @@ NUMBER = r"[0-9][0-9,]*\.?[0-9]*"
 
 
 def _run(script: str, *args: str, timeout: float = 300) -> str:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "3"}
+    env = {**os.environ, "PYTHONPATH": pythonpath(), "TF_CPP_MIN_LOG_LEVEL": "3"}
     env.pop("GLIBC_TUNABLES", None)
     proc = subprocess.run([sys.executable, str(BENCH / script), *args], cwd=REPO, env=env,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -150,7 +151,7 @@ def test_harness_epoch_child_and_malloc(harness):
 def test_bench_cli_decode_bound_and_dali_rows(tmp_path):
     """`make bench`'s rows (what benchmarks/bench_local.py printed): the seed, the CPU
     default, decoder='dali' on the CPU and the decode-only bound, with their ratios."""
-    env = {**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "3"}
+    env = {**os.environ, "PYTHONPATH": pythonpath(), "TF_CPP_MIN_LOG_LEVEL": "3"}
     proc = subprocess.run(
         [sys.executable, "-m", "dali_loader.tools.cli", "bench", str(tmp_path / "data"),
          "--sample", "8", "--only", "seed", "loader-cpu", "loader-dali", "decode-bound",

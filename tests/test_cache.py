@@ -10,7 +10,8 @@ import time
 import pytest
 
 from dali_loader.storage.cache import DiskCache, checksum_problem, default_cache_dir
-from dali_loader.testing.fakegcs import FakeGCS, b64_crc32c, b64_md5, write_random_tree
+from support import pythonpath
+from support.fakegcs import FakeGCS, b64_crc32c, b64_md5, write_random_tree
 from dali_loader.storage.objects import ObjectInfo
 from dali_loader.storage.remote import open_remote
 
@@ -166,7 +167,7 @@ def test_dataset_larger_than_cache(tmp_path, monkeypatch):
 _WORKER = r"""
 import os, sys
 from concurrent.futures import ThreadPoolExecutor
-from dali_loader.testing.fakegcs import write_random_tree
+from support.fakegcs import write_random_tree
 from dali_loader.storage.remote import open_remote
 files = write_random_tree(sys.argv[2] + "/truth-" + str(os.getpid()), per_class=30, size=(1000, 3000), seed=11)
 with open_remote("gs://b", cache_dir=sys.argv[1], cache_max_bytes=10**8) as src:
@@ -183,7 +184,7 @@ def test_processes_share_one_cache(tmp_path, monkeypatch):
     files = write_random_tree(str(tmp_path / "local"), per_class=30, size=(1000, 3000), seed=11)
     cache_dir = str(tmp_path / "shared-cache")
     with FakeGCS.from_directory(str(tmp_path / "local")) as server:
-        env = dict(os.environ, STORAGE_EMULATOR_HOST=server.endpoint, PYTHONPATH=REPO)
+        env = dict(os.environ, STORAGE_EMULATOR_HOST=server.endpoint, PYTHONPATH=pythonpath())
         procs = [subprocess.Popen([sys.executable, "-c", _WORKER, cache_dir, str(tmp_path)], env=env)
                  for _ in range(3)]
         codes = [p.wait(timeout=120) for p in procs]

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from dali_loader.formats import compact
-from dali_loader.testing import fuzz_entry
-from dali_loader.testing.pngs import photo
+from support import fuzz_entry
+from support.pngs import photo
 
 pytestmark = pytest.mark.skipif(not compact.available(), reason=compact.BUILD_HINT)
 
@@ -150,10 +150,10 @@ def test_mutants_are_refused_or_exact():
 def test_sanitizer_over_mutated_entries():
     """The entry decoder under ASan + UBSan (`fuzz_driver ... entry`): 50,000 mutants
     and the sound entries, no finding; what it decodes is the source's pixels. The same
-    run from the command line: `python -m dali_loader.testing.fuzz_entry`."""
-    from helpers import sanitizer_driver
+    run from the command line: `PYTHONPATH=tests python -m support.fuzz_entry`."""
+    from support.helpers import sanitizer_driver
 
-    from dali_loader.testing.fuzz_png import run_driver
+    from support.fuzz_png import run_driver
 
     driver = sanitizer_driver()
     bases = fuzz_entry.entry_bases()

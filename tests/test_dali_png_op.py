@@ -4,7 +4,7 @@ path that decodes PNGs with it by default: real DALI on the CPU (`decoder="dali"
 - The operator alone: where it says ok, exactly `tf.io.decode_png`'s pixels; where TF
   refuses a file, never ok; a file it leaves is an empty [0, 0, C] sample; ok exactly
   where the core (ctypes) decodes. Over hand-made variants, the generated corpus
-  (`testing/png_corpus`) and seeded mutants of both, in 1, 3 and 4 channels.
+  (`tests/support/png_corpus`) and seeded mutants of both, in 1, 3 and 4 channels.
 - Through `image_dataset_from_directory`: PNGs decoded by it, exactly TF's pixels
   (the images are not resized: DALI's resize to the same size copies them); a folder
   of PNG + JPEG + BMP + corrupt files, every good file once per epoch over two
@@ -22,11 +22,11 @@ import struct
 import numpy as np
 import pytest
 
-from conftest import _photo, save
+from support.helpers import _photo, save
 from dali_loader.decode import dali_png, png_native
-from dali_loader.testing import png_corpus
-from dali_loader.testing.mutate import corpus as mutants
-from dali_loader.testing.pngs import broken_streams, chunk, encode_png, photo
+from support import png_corpus
+from support.mutate import corpus as mutants
+from support.pngs import broken_streams, chunk, encode_png, photo
 from tf_adapter.dataset import image_dataset_from_directory as ours
 
 MODES = {"grayscale": 1, "rgb": 3, "rgba": 4}

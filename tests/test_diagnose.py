@@ -162,9 +162,11 @@ def test_verdict_uses_the_png_decoder_that_runs():
     assert p["png_decoder"] == "libpng" and p["decode_bounds"]["wuffs"] is None
     assert p["wuffs_vs_libpng"] is None
     assert ("Wuffs (exactly TF's pixels; the default for gpu_ready fills) is not built here; "
-            "`make install` builds the native PNG core") in " ".join(p["advice"])
+            "`pip install --no-build-isolation` (in a checkout, `make install`) builds the "
+            "native PNG core") in " ".join(p["advice"])
     r = _flat(format_report(plain))
-    assert "decode, Wuffs not built (`make install` builds the native PNG core)" in r
+    assert ("decode, Wuffs not built (`pip install --no-build-isolation` (in a checkout, "
+            "`make install`) builds the native PNG core)") in r
     assert "decode+resize libpng (runs by default): 286 img/s" in r
 
     with pytest.raises(ValueError, match="Received: wuffs_all_cores=None"):
@@ -218,7 +220,7 @@ FAST = dict(levels=(1, 8), loader_in_flight=16, measure_loader=False, budget_s=0
 
 
 def test_case_slow_gcs_is_storage(tmp_path, monkeypatch):
-    fakegcs = pytest.importorskip("dali_loader.testing.fakegcs")
+    fakegcs = pytest.importorskip("support.fakegcs")
     root = _pngs(tmp_path, 16, (32, 32), noise=False)
     with fakegcs.FakeGCS.from_directory(root, bucket="b", prefix="data",
                                         faults=fakegcs.Faults(latency=0.1)) as srv:

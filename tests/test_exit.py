@@ -19,7 +19,8 @@ import time
 import numpy as np
 import pytest
 
-from conftest import REPO, save
+from support import pythonpath
+from support.helpers import REPO, save
 
 # Seconds from the signal (or the script's end) to the process's end: a hang detector.
 # Exit takes a few seconds (at most 5 s of draining, docs/architecture.md); 20 s failed once
@@ -94,7 +95,7 @@ def _run(script: str, args: list[str], *, sigint: bool) -> tuple[int | None, flo
     """Runs `script`; after its READY line, SIGINT (or nothing). Returns the exit
     status (None: still running at the deadline, then killed), the seconds from
     READY to the end, and stderr's tail."""
-    env = dict(os.environ, PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="2")
+    env = dict(os.environ, PYTHONPATH=pythonpath(), TF_CPP_MIN_LOG_LEVEL="2")
     # SIGINT as a terminal delivers it: a suite run in the background (`make test &`,
     # nohup) starts with SIGINT ignored, which Python and its children would inherit.
     proc = subprocess.Popen([sys.executable, "-c", script, *args], cwd=REPO, env=env,
@@ -182,7 +183,7 @@ def test_rss_stays_flat_over_many_epochs_on_the_dali_path(how, busy_tree):
     Measured with glibc's trim threshold set (`trim_freed_memory`): +1.9 to +2.8 MB here,
     +8.2 MB once in CI; with it patched out, DALI alone grew +33 and +45 MB
     (docs/architecture.md, "Memory over many epochs")."""
-    env = dict(os.environ, PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="2")
+    env = dict(os.environ, PYTHONPATH=pythonpath(), TF_CPP_MIN_LOG_LEVEL="2")
     env.pop("MALLOC_TRIM_THRESHOLD_", None)
     out = subprocess.run([sys.executable, "-c", RSS, str(busy_tree), how, "25"],
                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import save
+from support.helpers import save
 
 keras = pytest.importorskip("keras")
 tf = pytest.importorskip("tensorflow")

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from dali_loader.formats import cache_entry, limits, png, ready, sniff
-from dali_loader.testing.pngs import encode_png
+from support.pngs import encode_png
 
 
 def chunk(ctype: bytes, body: bytes) -> bytes:

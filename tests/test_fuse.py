@@ -1,6 +1,6 @@
 """A real FUSE mount with 50 ms per open(), like gcsfuse: the loader's network-FS path (issue 30).
 
-The mount (`dali_loader.testing.slowfuse`) is a passthrough served by its own
+The mount (`support.slowfuse`) is a passthrough served by its own
 process; it counts the opens in flight at once. Through `image_dataset_from_directory`
 the loader must detect the mount (`NETWORK_FS`, read through the feed's
 read-ahead), give every file exactly once per epoch with Keras's pixels, and keep
@@ -14,10 +14,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dali_loader.testing.slowfuse import SlowMount, fuse_problem
+from support.slowfuse import SlowMount, fuse_problem
 
-from conftest import _photo, save
-from helpers import all_rows
+from support.helpers import _photo, save
+from support.helpers import all_rows
 
 keras = pytest.importorskip("keras")
 tf = pytest.importorskip("tensorflow")
@@ -80,12 +80,12 @@ def test_fuse_mount_shuffled_epochs_hold_every_file_once(slow_mount):
     ds = ours(str(mnt), shuffle=True, seed=7, **KW)
     want_x, want_y = all_rows(keras.utils.image_dataset_from_directory(str(src), shuffle=False,
                                                                     **KW))
-    want = sorted((int(l), x.tobytes()) for x, l in zip(want_x, want_y))
+    want = sorted((int(label), x.tobytes()) for x, label in zip(want_x, want_y))
     orders = []
     for _ in range(2):
         m.reset()
         x, y = all_rows(ds)
         assert m.stats()["opens"] == FILES
-        assert sorted((int(l), r.tobytes()) for r, l in zip(x, y)) == want
+        assert sorted((int(label), r.tobytes()) for r, label in zip(x, y)) == want
         orders.append(y.tolist())
     assert orders[0] != orders[1] or len(set(want_y.tolist())) == 1  # reshuffled

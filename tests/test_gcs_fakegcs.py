@@ -7,7 +7,7 @@ import urllib.request
 
 import pytest
 
-from dali_loader.testing.fakegcs import FakeGCS, Faults, b64_crc32c, write_random_tree
+from support.fakegcs import FakeGCS, Faults, b64_crc32c, write_random_tree
 
 pytestmark = pytest.mark.timeout(120)
 

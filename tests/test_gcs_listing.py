@@ -13,7 +13,7 @@ import pytest
 
 from dali_loader.api import open_index
 from dali_loader.storage.remote import open_remote
-from dali_loader.testing.fakegcs import FakeGCS, Faults
+from support.fakegcs import FakeGCS, Faults
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -9,7 +9,7 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 
-from dali_loader.testing.fakegcs import Faults  # noqa: E402
+from support.fakegcs import Faults  # noqa: E402
 from tf_adapter import image_dataset_from_directory as ours  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)

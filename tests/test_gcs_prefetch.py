@@ -12,7 +12,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from dali_loader.storage.cache import DiskCache
-from dali_loader.testing.fakegcs import FakeGCS, Faults, write_random_tree
+from support import pythonpath
+from support.fakegcs import FakeGCS, Faults, write_random_tree
 from dali_loader.storage.remote import open_remote
 
 pytestmark = pytest.mark.timeout(180)
@@ -33,7 +34,7 @@ def test_kill9_during_prefetch_then_verified_pass(tmp_path):
     files = write_random_tree(str(tmp_path / "local"), per_class=60, size=(2000, 6000), seed=21)
     cache_dir = str(tmp_path / "cache")
     with FakeGCS.from_directory(str(tmp_path / "local"), prefix="ds", faults=Faults(latency=0.03)) as server:
-        env = dict(os.environ, STORAGE_EMULATOR_HOST=server.endpoint, PYTHONPATH=REPO)
+        env = dict(os.environ, STORAGE_EMULATOR_HOST=server.endpoint, PYTHONPATH=pythonpath())
         proc = subprocess.Popen([sys.executable, "-m", "dali_loader.tools.cli", "prefetch", "gs://b/ds", "--cache-dir",
                                  cache_dir, "--max-in-flight", "4", "--no-progress"], env=env, cwd=REPO,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -75,7 +76,7 @@ def test_prefetch_progress_failures_info_and_clean(tmp_path):
     cache_dir = str(tmp_path / "cache")
     with FakeGCS.from_directory(str(tmp_path / "local")) as server:
         server.fail_names["cats/00001.png"] = 404
-        env = dict(os.environ, STORAGE_EMULATOR_HOST=server.endpoint, PYTHONPATH=REPO)
+        env = dict(os.environ, STORAGE_EMULATOR_HOST=server.endpoint, PYTHONPATH=pythonpath())
         out = run_cli(["prefetch", "gs://b", "--cache-dir", cache_dir, "--max-in-flight", "8"], env)
         assert out.returncode == 1
         assert "gs://b/cats/00001.png" in out.stderr

@@ -20,7 +20,7 @@ needs_gpu = pytest.mark.skipif(
     reason="needs a CUDA GPU visible to both TensorFlow and DALI",
 )
 
-from helpers import run_fit_script  # noqa: E402
+from support.helpers import run_fit_script  # noqa: E402
 from tf_adapter import image_dataset_from_directory as ours  # noqa: E402
 
 # JPEG, GPU vs CPU: mean absolute difference (0-255) allowed per image.

@@ -29,7 +29,7 @@ def suite(pngs, tmp_path_factory):
     """Every valid PNG of `pngs` (the generated corpus: all colour types, bit depths,
     palettes, transparency, interlacing, gamma; PngSuite's 161 too where present),
     in one folder."""
-    from conftest import valid_pngs
+    from support.helpers import valid_pngs
 
     root = tmp_path_factory.mktemp("suite")
     for p in valid_pngs(pngs):
@@ -194,8 +194,8 @@ def test_cache_is_shared_by_later_datasets_and_processes(photo_tree, tmp_path, d
          "--form", form, "--cache-dir", str(tmp_path), "--no-progress"],
         capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
-    assert "21 images (rgb, %s form): 21 decoded and cached, 0 already cached, 0 failed" % form \
-        in out.stdout
+    assert (f"21 images (rgb, {form} form): 21 decoded and cached, 0 already cached, 0 failed"
+            in out.stdout)
     from dali_loader.decode import png_native
 
     if png_native.available():  # the fill's PNGs go through the native core
@@ -211,7 +211,7 @@ def test_cache_is_shared_by_later_datasets_and_processes(photo_tree, tmp_path, d
 def test_changed_file_is_decoded_again(id_tree, tmp_path, decoder):
     """Entries are keyed by the file's size and mtime: a file rewritten in place
     is decoded again, never served stale."""
-    from conftest import save
+    from support.helpers import save
 
     root = tmp_path / "data"
     shutil.copytree(id_tree, root)
@@ -267,7 +267,7 @@ def test_bounded_cache_evicts_and_stays_exact(photo_tree, tmp_path, decoder):
 
 @pytest.mark.parametrize("decoder", ["tf", "dali"])
 def test_bad_files_raise_by_name_or_are_skipped_exactly_once(pngs, id_tree, tmp_path, decoder):
-    from conftest import corrupt_pngs
+    from support.helpers import corrupt_pngs
 
     root = tmp_path / "data"
     shutil.copytree(id_tree, root)
@@ -400,7 +400,7 @@ def test_damaged_compact_entries_are_refilled_never_decoded_wrong(photo_tree, tm
 
 
 def test_unreadable_and_corrupt_errors_name_the_file(tmp_path):
-    from conftest import save
+    from support.helpers import save
 
     root = tmp_path / "data"
     save(root / "a" / "ok.png", np.zeros((4, 4, 3), np.uint8))

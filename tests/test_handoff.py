@@ -24,7 +24,7 @@ from dali_loader.tfdata import dali_plugin  # noqa: E402
 from dali_loader.plan import Handoff, Options, resolve  # noqa: E402
 from dali_loader.tfdata.dali_plugin import _TRANSFORMATIONS, GPU_TRANSFORMATIONS  # noqa: E402
 from dali_loader.tfdata.dataset import make_loader, to_tf_dataset  # noqa: E402
-from helpers import gpu_handoff, on_a_gpu  # noqa: E402
+from support.helpers import gpu_handoff, on_a_gpu  # noqa: E402
 from tf_adapter import image_dataset_from_directory as ours  # noqa: E402
 
 SPEC = ImageSpec(8, 8)

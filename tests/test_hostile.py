@@ -15,21 +15,21 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import textwrap
 
 import numpy as np
 import pytest
 
 tf = pytest.importorskip("tensorflow")
 
-from dali_loader.testing.mutate import MUTATIONS, corpus, huge_header_png  # noqa: E402
+from support import pythonpath  # noqa: E402
+from support.mutate import MUTATIONS, corpus, huge_header_png  # noqa: E402
 from tf_adapter import image_dataset_from_directory as ours  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 CHANNELS = {"rgb": 3, "grayscale": 1, "rgba": 4}
 PATHS = {"cpu": {}, "dali": {"decoder": "dali"}}
 SIZE = (16, 16)
-# Generated stand-ins (dali_loader.testing.png_corpus, the `pngs` fixture) for the PngSuite
+# Generated stand-ins (support.png_corpus, the `pngs` fixture) for the PngSuite
 # files these tests used: 8-bit RGB, grey and RGBA, 13x11, no ancillary chunks.
 RGB8, GREY8, RGBA8 = "c08_i0_plain_13x11.png", "g08_i0_plain_13x11.png", "r08_i0_plain_13x11.png"
 
@@ -39,7 +39,7 @@ def mutants(tmp_path_factory) -> pathlib.Path:
     """160 seeded mutants of the generated corpus's plain and tRNS files at 13x11 (every
     colour type and depth, interlaced or not; every mutation kind), and one PNG whose
     header claims 2**37 pixels."""
-    from dali_loader.testing.png_corpus import valid_corpus
+    from support.png_corpus import valid_corpus
 
     root = tmp_path_factory.mktemp("mutants")
     (root / "a").mkdir()
@@ -122,7 +122,7 @@ def test_big_png_route_delivers_what_tf_decodes(mutants, mode, png_decoder, monk
 def many_mutants(pngs, tmp_path_factory) -> pathlib.Path:
     """300 seeded mutants of every valid file of `pngs` (the generated corpus, and
     PngSuite's where present: every chunk kind)."""
-    from conftest import valid_pngs
+    from support.helpers import valid_pngs
 
     root = tmp_path_factory.mktemp("many")
     (root / "a").mkdir()
@@ -236,7 +236,7 @@ for kw in ({}, {"decoder": "dali"}):
 
 
 def _run_as_nobody(root: str, cache: str, tag: str, tmp: str) -> tuple[list[str], str]:
-    env = dict(os.environ, PYTHONPATH=str(REPO), HOME=tmp, TMPDIR=tmp, TF_CPP_MIN_LOG_LEVEL="3",
+    env = dict(os.environ, PYTHONPATH=pythonpath(), HOME=tmp, TMPDIR=tmp, TF_CPP_MIN_LOG_LEVEL="3",
                KERAS_HOME=os.path.join(tmp, "keras"))
     r = subprocess.run([sys.executable, "-c", _AS_NOBODY, root, cache, tag],
                        capture_output=True, text=True, timeout=300, env=env, cwd="/")
@@ -301,7 +301,7 @@ def test_full_disk_warns_once_per_cause(tmp_path, caplog, path):
     """A cache on a full disk (a 256 KiB tmpfs, writes fail with ENOSPC) loses
     nothing; one warning for the cause, then one count per epoch, not one line
     per file per epoch."""
-    from dali_loader.testing.pngs import encode_png, photo
+    from support.pngs import encode_png, photo
 
     rng = np.random.default_rng(0)
     for i in range(24):
@@ -353,7 +353,7 @@ def _big_png(path: pathlib.Path, side: int) -> None:
     import struct
     import zlib
 
-    from dali_loader.testing.pngs import chunk
+    from support.pngs import chunk
 
     z = zlib.compressobj(1)
     row = np.zeros(1 + 3 * side, np.uint8)
@@ -380,7 +380,7 @@ def test_big_image_peak_memory_close_to_keras(tmp_path):
     allocator keeps the pool it decoded the big PNG into, and DALI's entry
     operator decodes the entry into DALI's own memory (1.65x measured; its later
     epochs read at Keras's peak)."""
-    from dali_loader.testing.pngs import encode_png, photo
+    from support.pngs import encode_png, photo
 
     rng = np.random.default_rng(0)
     (tmp_path / "data" / "a").mkdir(parents=True)
@@ -391,7 +391,7 @@ def test_big_image_peak_memory_close_to_keras(tmp_path):
     for path in ("keras", "ready", "dali", "ready_dali"):
         r = subprocess.run([sys.executable, "-c", _PEAK, str(tmp_path / "data"), path,
                             str(tmp_path / f"cache_{path}")], capture_output=True, text=True,
-                           timeout=600, env=dict(os.environ, PYTHONPATH=str(REPO),
+                           timeout=600, env=dict(os.environ, PYTHONPATH=pythonpath(),
                                                  TF_CPP_MIN_LOG_LEVEL="3"))
         assert r.returncode == 0, (path, r.stderr[-3000:])
         line = next(ln for ln in r.stdout.splitlines() if ln.startswith("RESULT"))
@@ -431,7 +431,7 @@ def test_files_dalis_decoder_cannot_parse_never_reach_it(tmp_path, pngs):
     import struct
     import zlib
 
-    from dali_loader.testing.pngs import chunk
+    from support.pngs import chunk
 
     root = tmp_path / "data" / "a"
     root.mkdir(parents=True)
@@ -450,7 +450,7 @@ def test_files_dalis_decoder_cannot_parse_never_reach_it(tmp_path, pngs):
         + chunk(b"IEND", b""))
     r = subprocess.run([sys.executable, "-X", "faulthandler", "-c", _BATCH_32,
                         str(tmp_path / "data"), "4"], capture_output=True, text=True,
-                       timeout=600, env=dict(os.environ, PYTHONPATH=str(REPO),
+                       timeout=600, env=dict(os.environ, PYTHONPATH=pythonpath(),
                                              TF_CPP_MIN_LOG_LEVEL="3"))
     assert r.returncode == 0, (r.returncode, r.stderr[-3000:])
     lines = r.stdout.splitlines()

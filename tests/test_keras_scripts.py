@@ -21,7 +21,7 @@ import pytest
 keras = pytest.importorskip("keras")
 tf = pytest.importorskip("tensorflow")
 
-from helpers import batch_counter  # noqa: E402
+from support.helpers import batch_counter  # noqa: E402
 from tf_adapter import image_dataset_from_directory as ours  # noqa: E402
 
 PATHS = {

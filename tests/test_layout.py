@@ -7,7 +7,9 @@ import ast
 import pathlib
 
 PKG = pathlib.Path(__file__).resolve().parents[1] / "dali_loader"
-APART = ("dali_loader.tools", "dali_loader.testing")
+APART = ("dali_loader.tools",)
+# The test support's import names (tests/ on sys.path): never imported by what ships.
+TEST_SUPPORT = ("support", "helpers", "conftest", "tests")
 
 
 def _module(path: pathlib.Path) -> str:
@@ -31,6 +33,28 @@ def import_graph() -> dict[str, set[str]]:
             deps |= {t for t in targets if t in modules or t.startswith("tf_adapter")}
         graph[name] = deps - {name}
     return graph
+
+
+def _top_level_imports(path: pathlib.Path) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def test_shipped_packages_never_import_test_support():
+    """Nothing in the wheel (dali_loader/, tf_adapter/) imports tests/support or the tests'
+    helpers, and no test fixture lives in the package (it moved to tests/support/)."""
+    shipped = [*PKG.rglob("*.py"), *(PKG.parent / "tf_adapter").rglob("*.py")]
+    bad = {str(p.relative_to(PKG.parent)): sorted(_top_level_imports(p) & set(TEST_SUPPORT))
+           for p in shipped}
+    assert {p: d for p, d in bad.items() if d} == {}
+    assert not (PKG / "testing").exists()
+    assert {"fakegcs.py", "slowfuse.py", "png_corpus.py"} <= {
+        p.name for p in (PKG.parent / "tests" / "support").glob("*.py")}
 
 
 def test_core_never_imports_tools_testing_or_the_adapter():

@@ -16,7 +16,8 @@ import pytest
 pytest.importorskip("tensorflow")
 
 from dali_loader import malloc  # noqa: E402
-from dali_loader.testing.pngs import encode_png  # noqa: E402
+from support import pythonpath
+from support.pngs import encode_png  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -44,7 +45,7 @@ def test_cpu_default_reads_files_without_a_fresh_mapping_each(tmp_path):
            if not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"}
     r = subprocess.run([sys.executable, "-c", _FAULTS, str(tmp_path)], capture_output=True,
                        text=True, timeout=300,
-                       env=dict(env, PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="3"))
+                       env=dict(env, PYTHONPATH=pythonpath(), TF_CPP_MIN_LOG_LEVEL="3"))
     assert r.returncode == 0, r.stderr[-3000:]
     epochs = [ln.split() for ln in r.stdout.splitlines() if ln.startswith("EPOCH")]
     assert [int(e[1]) for e in epochs] == [400] * 4

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from dali_loader.testing.cluster import run_processes
+from support.cluster import run_processes
 
 HERE = pathlib.Path(__file__).resolve().parent
 WORKER = HERE / "multiworker_worker.py"

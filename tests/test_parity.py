@@ -167,7 +167,7 @@ def test_every_valid_png_within_its_documented_bound(pngs, tmp_path, decoder, co
     difference (or float rounding)."""
     import shutil
 
-    from conftest import valid_pngs
+    from support.helpers import valid_pngs
 
     files = valid_pngs(pngs)
     for p in files:
@@ -200,7 +200,7 @@ def test_every_valid_png_within_its_documented_bound(pngs, tmp_path, decoder, co
 
 def test_rgba_helper_decodes_every_valid_png_like_tf(pngs):
     """The Pillow RGBA decode the DALI path uses equals `tf.io.decode_png(channels=4)`."""
-    from conftest import valid_pngs
+    from support.helpers import valid_pngs
     from dali_loader.feed.checks import decode_rgba_like_tf
 
     files = valid_pngs(pngs)
@@ -214,7 +214,7 @@ def test_rgba_helper_decodes_every_valid_png_like_tf(pngs):
 def _jpeg_tree(root, orientations, size=(60, 100)):
     """Photo-like 4:2:0 JPEGs (quality 90), one per EXIF orientation (None: no EXIF)."""
     from PIL import Image, JpegImagePlugin
-    from conftest import _photo
+    from support.helpers import _photo
 
     rng = np.random.default_rng(4)
     for i, orientation in enumerate(orientations):

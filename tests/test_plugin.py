@@ -17,7 +17,7 @@ keras = pytest.importorskip("keras")
 pytest.importorskip("nvidia.dali.plugin.tf")
 
 from test_bad_input import _good_and_one_zlib_bad, bad_tree  # noqa: E402,F401
-from helpers import batch_counter, run_fit_script  # noqa: E402
+from support.helpers import batch_counter, run_fit_script  # noqa: E402
 from tf_adapter import image_dataset_from_directory as ours  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
@@ -188,7 +188,7 @@ def test_with_the_gpu_ready_cache_skip_holds_through_the_plugin(bad_tree, tmp_pa
     first from the PNGs and then from the cache. The default handoff on a GPU
     is then the plugin for `skip` too."""
     from dali_loader.plan import Handoff
-    from helpers import gpu_handoff
+    from support.helpers import gpu_handoff
 
     root, bad = bad_tree
     ds = make(root, shuffle=True, seed=3, batch_size=5, on_error="skip", gpu_ready=True,

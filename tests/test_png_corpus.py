@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from dali_loader.testing import png_corpus
+from support import png_corpus
 
 
 @pytest.fixture(scope="module")

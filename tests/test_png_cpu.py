@@ -13,9 +13,9 @@ from dali_loader.decode import png_cpu
 from dali_loader.decode.png_cpu import Fallback, decode_png, grey_from_rgb
 from dali_loader.decode.png_stage import KerasPixels
 from dali_loader.errors import CorruptImageError
-from dali_loader.testing.mutate import MUTATIONS, corpus
-from dali_loader.testing.pngs import encode_png, photo, photo_png
-from helpers import png_outcome, refuses_flipped_idats
+from support.mutate import MUTATIONS, corpus
+from support.pngs import encode_png, photo, photo_png
+from support.helpers import png_outcome, refuses_flipped_idats
 
 tf = pytest.importorskip("tensorflow")
 pytestmark = pytest.mark.skipif(not png_cpu.available(), reason="pywuffs is not installed")
@@ -32,7 +32,7 @@ def compare(data: bytes, channels: int) -> str:
 def test_every_corpus_file_every_mode(pngs):
     """Every file of `pngs` (the generated corpus; PngSuite's too where present), in every
     mode: Wuffs gives TF's pixels, or steps aside (and TF decodes or rejects the file)."""
-    from conftest import corrupt_pngs, valid_pngs
+    from support.helpers import corrupt_pngs, valid_pngs
 
     outcomes = collections.Counter()
     wrong = []
@@ -54,7 +54,7 @@ def _bases() -> list[bytes]:
     """Small PNGs of every 8-bit colour type with all five filter types, a palette
     with and without tRNS, and Pillow photos (its own filter choice): the mutation
     corpus's bases, shared with the native core's tests and fuzzing."""
-    from dali_loader.testing.fuzz_png import mutation_bases
+    from support.fuzz_png import mutation_bases
 
     return mutation_bases()
 

@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from helpers import choose_cuda_simulator, fast_simulator, on_a_gpu
+from support.helpers import choose_cuda_simulator, fast_simulator, on_a_gpu
 
 choose_cuda_simulator()
 cuda = pytest.importorskip("numba.cuda")
@@ -24,7 +24,7 @@ from dali_loader.decode.png_gpu import (  # noqa: E402
 from dali_loader.decode.png_gpu.cpu_fallback import finish  # noqa: E402
 from dali_loader.errors import CorruptImageError  # noqa: E402
 from dali_loader.feed.policy import EpochErrors, SkipReport  # noqa: E402
-from dali_loader.testing.pngs import broken_streams, chunk, encode_png, photo  # noqa: E402
+from support.pngs import broken_streams, chunk, encode_png, photo  # noqa: E402
 
 from dali_loader.decode.png_batches import SIMULATOR_LAUNCH as SIM  # noqa: E402 - small launches
 MODES = (1, 3, 4)
@@ -48,7 +48,7 @@ def _ihdr(data: bytes) -> tuple[int, int]:
 
 
 def _suite(pngs):
-    from conftest import valid_pngs
+    from support.helpers import valid_pngs
 
     files = valid_pngs(pngs)
     return [p.name for p in files], [p.read_bytes() for p in files]
@@ -156,7 +156,7 @@ def test_device_side_checks_catch_bad_streams(tf):
 
 
 def _bad_files(pngs) -> dict[str, bytes]:
-    from conftest import corrupt_pngs
+    from support.helpers import corrupt_pngs
 
     files = {p.name: p.read_bytes() for p in corrupt_pngs(pngs)}
     assert len(files) >= 19

@@ -19,10 +19,10 @@ import pytest
 
 from dali_loader.decode import png_cpu, png_native
 from dali_loader.decode.png_cpu import Fallback
-from dali_loader.testing.fuzz_png import mutation_bases, run_driver, sources, stacked_mutants
-from dali_loader.testing.mutate import MUTATIONS, corpus, huge_header_png, mutate
-from dali_loader.testing.pngs import chunk, encode_png, photo, photo_png
-from helpers import png_outcome, refuses_flipped_idats, tf_outcome
+from support.fuzz_png import mutation_bases, run_driver, sources, stacked_mutants
+from support.mutate import MUTATIONS, corpus, huge_header_png, mutate
+from support.pngs import chunk, encode_png, photo, photo_png
+from support.helpers import png_outcome, refuses_flipped_idats, tf_outcome
 
 tf = pytest.importorskip("tensorflow")
 pytestmark = pytest.mark.skipif(not png_native.available(),
@@ -51,8 +51,8 @@ def _check_all(named: list[tuple[str, bytes]]) -> collections.Counter:
 
 def test_generated_corpus_every_mode():
     """Every colour type x bit depth x interlace (Adam7 too) x tRNS/gAMA/sRGB/iCCP
-    variant (`testing/png_corpus`), and its corrupt files, in 1, 3 and 4 channels."""
-    from dali_loader.testing import png_corpus
+    variant (`tests/support/png_corpus`), and its corrupt files, in 1, 3 and 4 channels."""
+    from support import png_corpus
 
     outcomes = _check_all(sorted(png_corpus.corpus().items()))
     # Most are the core's (every depth, both interlace methods, palettes with tRNS);
@@ -91,7 +91,7 @@ def test_same_decisions_as_the_python_front_end():
     """The core takes exactly the files png_cpu (pywuffs) takes, with the same pixels."""
     if not png_cpu.available():
         pytest.skip("pywuffs is not installed")
-    from dali_loader.testing import png_corpus
+    from support import png_corpus
 
     bases = mutation_bases()
     for name, data in [*corpus(bases, 600, seed=5), *(("base", b) for b in bases),
@@ -215,8 +215,8 @@ def test_sanitizer_fuzz_slice(pngsuite_if_present):
     """The core under ASan + UBSan (`build.py --sanitize`): the 3,000-file mutation corpus
     and 100,000 stacked mutants of more sources (each decoded in 3 modes into exact-size
     buffers) with no finding; the driver's pixels equal the optimised build's. The same
-    run from the command line: `python -m dali_loader.testing.fuzz_png` (docs/png_cpu.md)."""
-    from helpers import sanitizer_driver
+    run from the command line: `PYTHONPATH=tests python -m support.fuzz_png` (docs/png_cpu.md)."""
+    from support.helpers import sanitizer_driver
 
     driver = sanitizer_driver()
     files = [d for _, d in corpus(mutation_bases(), 3000, seed=21)]

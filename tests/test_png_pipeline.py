@@ -15,15 +15,15 @@ import shutil
 import numpy as np
 import pytest
 
-from helpers import choose_cuda_simulator, fast_simulator
+from support.helpers import choose_cuda_simulator, fast_simulator
 
 choose_cuda_simulator()
 pytest.importorskip("numba.cuda")
 
 import keras  # noqa: E402
 
-from conftest import _photo, save  # noqa: E402
-from dali_loader.testing.pngs import broken_streams, photo  # noqa: E402
+from support.helpers import _photo, save  # noqa: E402
+from support.pngs import broken_streams, photo  # noqa: E402
 from tf_adapter.dataset import image_dataset_from_directory as ours  # noqa: E402
 
 KW = dict(image_size=(16, 20), batch_size=8, verbose=False)
@@ -171,7 +171,7 @@ def test_argument_errors(id_tree, kw, message):
 def test_generator_handoff_is_picked_and_default_is_off(id_tree):
     from dali_loader.decode.dali_graph import Input
     from dali_loader.plan import Handoff
-    from helpers import gpu_handoff
+    from support.helpers import gpu_handoff
 
     # On a GPU None would pick the plugin; with the GPU PNG decoder, the generator.
     assert gpu_handoff(batch_size=8) is Handoff.PLUGIN

@@ -12,19 +12,19 @@ import keras
 import numpy as np
 import pytest
 
-from conftest import _photo, save
+from support.helpers import _photo, save
 from dali_loader import probes
 from dali_loader.decode import png_cpu, png_stage
 from dali_loader.decode.png_cpu import Fallback, decode_png
 from dali_loader.decode.png_stage import KerasPixels, RawOrCheckedItems
 from dali_loader.feed.items import Paths
-from dali_loader.testing.mutate import mutate
-from dali_loader.testing.pngs import encode_png
+from support.mutate import mutate
+from support.pngs import encode_png
 from tf_adapter import image_dataset_from_directory as ours
 
 pytestmark = pytest.mark.skipif(not png_cpu.available(), reason="pywuffs is not installed")
 
-# Generated PNGs (dali_loader.testing.png_corpus) of every kind: grey/palette low depths,
+# Generated PNGs (support.png_corpus) of every kind: grey/palette low depths,
 # 16-bit, interlaced, alpha, tRNS colour keys and a gamma file (the last two partly go to
 # TF's decoder). They stand in for PngSuite's basn0g01, basn0g16, basn2c16, basn3p04,
 # basi2c08, basn4a08, basn6a16, tbrn2c08, tbbn3p08 and g03n2c08. The corpus's variants of

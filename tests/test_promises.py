@@ -11,8 +11,8 @@ import shutil
 import numpy as np
 import pytest
 
-from conftest import _photo, save
-from helpers import all_rows
+from support.helpers import _photo, save
+from support.helpers import all_rows
 
 keras = pytest.importorskip("keras")
 tf = pytest.importorskip("tensorflow")
@@ -20,7 +20,7 @@ tf = pytest.importorskip("tensorflow")
 from tf_adapter import image_dataset_from_directory as ours  # noqa: E402
 from dali_loader.api import open_index  # noqa: E402
 from dali_loader.storage.cache import DiskCache  # noqa: E402
-from dali_loader.testing.fakegcs import FakeGCS  # noqa: E402
+from support.fakegcs import FakeGCS  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -128,7 +128,7 @@ def test_cache_max_bytes_default_is_half_the_free_disk(tmp_path, serve):
     free (a full cache does not shrink its own bound). The free figure moves with what
     other processes write, so each check gets 3 tries; a wrong default fails all of them."""
     from dali_loader.storage.objects import ObjectInfo
-    from dali_loader.testing.fakegcs import b64_crc32c, b64_md5
+    from support.fakegcs import b64_crc32c, b64_md5
 
     root = str(tmp_path / "c")
 

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from dali_loader.testing.fakegcs import FakeGCS, Faults, write_random_tree
+from support.fakegcs import FakeGCS, Faults, write_random_tree
 from dali_loader.storage.objects import ObjectFetchError
 from dali_loader.storage.remote import open_remote
 from dali_loader.storage.urls import is_remote, parse_url

@@ -16,7 +16,7 @@ import pytest
 
 pytest.importorskip("tensorflow")
 
-from helpers import wait_for  # noqa: E402
+from support.helpers import wait_for  # noqa: E402
 
 WORKER = pathlib.Path(__file__).resolve().parent / "resume_worker.py"
 IDS = list(range(23))

@@ -19,15 +19,15 @@ import time
 import numpy as np
 import pytest
 
-from conftest import _photo, save
+from support.helpers import _photo, save
 
 tf = pytest.importorskip("tensorflow")
 keras = pytest.importorskip("keras")
 
 from dali_loader.api import open_index  # noqa: E402
 from dali_loader.decode.spec import ImageSpec  # noqa: E402
-from dali_loader.testing.cluster import run_processes  # noqa: E402
-from dali_loader.testing.service_cluster import LoopbackService  # noqa: E402
+from support.cluster import run_processes  # noqa: E402
+from support.service_cluster import LoopbackService  # noqa: E402
 from dali_loader.tfdata.graph_dataset import graph_dataset  # noqa: E402
 from tf_adapter import image_dataset_from_directory  # noqa: E402
 

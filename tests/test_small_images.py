@@ -28,7 +28,7 @@ import pytest
 import tensorflow as tf
 from PIL import Image
 
-from conftest import _photo, save
+from support.helpers import _photo, save
 from dali_loader.decode import png_native, tf_png
 from dali_loader.plan import PngDecoder
 from tf_adapter import image_dataset_from_directory as ours

@@ -19,7 +19,8 @@ import pytest
 from dali_loader.errors import StorageError
 from dali_loader.storage.remote import check_remote, open_remote
 from dali_loader.storage.source import open_source
-from dali_loader.testing.fakegcs import FakeGCS, Faults
+from support import pythonpath
+from support.fakegcs import FakeGCS, Faults
 
 pytestmark = pytest.mark.timeout(120)
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -208,7 +209,7 @@ def run_cli(args: list[str], env: dict, timeout: float = 60) -> tuple[subprocess
 
 def cli_env(**extra: str) -> dict:
     env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
-    env.update(PYTHONPATH=REPO, **extra)
+    env.update(PYTHONPATH=pythonpath(), **extra)
     return env
 
 

@@ -11,7 +11,8 @@ import pytest
 tf = pytest.importorskip("tensorflow")
 
 from dali_loader.feed.epochs import FeedEpoch  # noqa: E402
-from dali_loader.testing.pngs import encode_png  # noqa: E402
+from support import pythonpath  # noqa: E402
+from support.pngs import encode_png  # noqa: E402
 from dali_loader.tfdata import tf_path as tf_path_mod  # noqa: E402
 from tf_adapter import image_dataset_from_directory as ours  # noqa: E402
 
@@ -200,10 +201,10 @@ def test_a_recovered_batch_and_the_padded_tail_log_no_tf_errors(tmp_path, fused_
     import subprocess
     import sys
 
-    from conftest import REPO
+    from support.helpers import REPO
 
     _tree(tmp_path, 40, bad=(5,))
-    env = dict(os.environ, PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="0")
+    env = dict(os.environ, PYTHONPATH=pythonpath(), TF_CPP_MIN_LOG_LEVEL="0")
     out = subprocess.run([sys.executable, "-c", TAIL, str(tmp_path), str(fused_from)], env=env,
                          cwd=REPO,
                          capture_output=True, text=True, timeout=300)

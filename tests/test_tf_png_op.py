@@ -17,14 +17,14 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import _photo, save
+from support.helpers import _photo, save
 from dali_loader import probes
 from dali_loader.decode import tf_png
 from dali_loader.plan import Options, PngDecoder, PngWhere, resolve
 from dali_loader.storage.source import SourceKind
 from dali_loader.errors import CorruptImageError
-from dali_loader.testing import mutate, png_corpus
-from dali_loader.testing.pngs import encode_png
+from support import mutate, png_corpus
+from support.pngs import encode_png
 from tf_adapter import image_dataset_from_directory as ours
 
 pytestmark = pytest.mark.skipif(not tf_png.available(),
@@ -55,7 +55,7 @@ def _adam7_one_row_overruns() -> dict[str, bytes]:
     import struct
     import zlib
 
-    from dali_loader.testing.pngs import chunk
+    from support.pngs import chunk
 
     out = {}
     for w in (1, 2, 5, 9):

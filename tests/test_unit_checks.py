@@ -81,7 +81,7 @@ def test_sniff(data, kind):
 
 
 def test_check_png_accepts_every_valid_png(pngs):
-    from conftest import valid_pngs
+    from support.helpers import valid_pngs
 
     valid = valid_pngs(pngs)
     assert len(valid) >= 300
@@ -89,7 +89,7 @@ def test_check_png_accepts_every_valid_png(pngs):
     assert {k: v for k, v in problems.items() if v is not None} == {}
 
 
-# What the chunk walk says about each generated corrupt file (dali_loader.testing.png_corpus).
+# What the chunk walk says about each generated corrupt file (support.png_corpus).
 EXPECTED_GENERATED = {
     "xc_colour_type_1.png": "invalid colour type 1",
     "xc_colour_type_9.png": "invalid colour type 9",
@@ -116,7 +116,7 @@ DATA_ONLY_GENERATED = {"xf_bad_filter_type.png": "bad adaptive filter value",
 
 def test_check_png_on_every_generated_corrupt_file():
     from dali_loader.feed.checks import png_data_problem
-    from dali_loader.testing.png_corpus import corrupt_corpus
+    from support.png_corpus import corrupt_corpus
 
     files = corrupt_corpus()
     assert set(files) == set(EXPECTED_GENERATED) | set(DATA_ONLY_GENERATED) | {
@@ -158,7 +158,7 @@ def test_check_png_on_every_corrupt_pngsuite_file(pngsuite):
 
 
 def test_prepare_rejects_every_corrupt_file_but_those_only_inflating_sees(pngs):
-    from conftest import corrupt_pngs
+    from support.helpers import corrupt_pngs
 
     for p in corrupt_pngs(pngs):
         if p.name in DATA_ONLY_GENERATED:
@@ -171,7 +171,7 @@ def test_prepare_rejects_every_corrupt_file_but_those_only_inflating_sees(pngs):
 
 
 def test_prepare_passes_valid_png_bytes_through(pngs):
-    from conftest import valid_pngs
+    from support.helpers import valid_pngs
 
     for p in valid_pngs(pngs):
         data = p.read_bytes()
@@ -369,7 +369,7 @@ def test_max_pixels_refuses_a_huge_header_naming_the_file(monkeypatch):
     them; a real image passes; None lifts the limit (up to what this machine's
     memory holds, where DALI's decoder is concerned)."""
     from dali_loader.feed import checks
-    from dali_loader.testing.mutate import huge_header_png
+    from support.mutate import huge_header_png
 
     monkeypatch.setattr(checks, "_physical_memory", lambda: 1 << 50)
 
@@ -431,7 +431,7 @@ def test_decoder_header_problem_refuses_what_dalis_parser_cannot_take(pngs):
         assert decoder_header_problem(out) is None, fmt
         if fmt != "GIF":  # DALI gets a GIF as a PNG
             assert out == buf.getvalue()
-    from conftest import valid_pngs
+    from support.helpers import valid_pngs
 
     for f in valid_pngs(pngs):
         assert decoder_header_problem(prepare(f.read_bytes(), str(f))) is None, f.name

@@ -15,7 +15,7 @@ from dali_loader.errors import CorruptImageError, UnreadableFileError
 from dali_loader.feed.epochs import Chunk, Feed, FeedEpoch
 from dali_loader.feed.order import epoch_order
 from dali_loader.index import Index
-from helpers import collected, wait_for
+from support.helpers import collected, wait_for
 
 
 class Item:

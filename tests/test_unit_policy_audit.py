@@ -5,7 +5,6 @@ from __future__ import annotations
 import collections
 import logging
 
-import numpy as np
 import pytest
 
 from dali_loader.errors import CorruptImageError, UnreadableFileError

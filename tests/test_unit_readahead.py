@@ -10,7 +10,7 @@ import time
 import pytest
 
 from dali_loader.feed.readahead import ReadAhead
-from helpers import wait_for
+from support.helpers import wait_for
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ import threading
 from dali_loader import reaper
 from dali_loader.storage.cache import DerivedMeta
 from dali_loader.storage.source import open_source
-from helpers import wait_for
+from support.helpers import wait_for
 
 
 def _tree(tmp_path):

@@ -4,7 +4,8 @@
 `(pixels, ok)`: HWC uint8 pixels, exactly `tf.io.decode_png`'s, and a bool scalar per
 sample, false where the core leaves the file to DALI's decoder (then its pixels are
 empty, [0, 0, C]). It decodes on DALI's CPU thread pool, with no Python per image.
-`make install` builds it (`python -m dali_loader.native.build_dali`); where it is not
+`pip install --no-build-isolation` builds it against the installed DALI (in a checkout,
+`make install`: `python -m dali_loader.native.build_dali`); where it is not
 built, or does not load into this DALI, the DALI path keeps DALI's decoder for PNGs
 (said once).
 """
@@ -18,12 +19,12 @@ import threading
 from dali_loader.formats.limits import CORE_MAX_PIXELS as MAX_PIXELS
 from dali_loader.formats.limits import ENTRY_MAX_PIXELS
 from dali_loader.lazy import import_dali
+from dali_loader.native import BUILD_DIR, build_hint
 
 logger = logging.getLogger(__name__)
 
-LIBRARY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                       "native", "_build", "dl_dali_png.so")
-BUILD_COMMAND = "python -m dali_loader.native.build_dali"
+LIBRARY = str(BUILD_DIR / "dl_dali_png.so")
+BUILD_COMMAND = build_hint("build_dali")
 
 # The core's envelope (why: formats.limits; the TF op's default): larger PNGs go to
 # DALI's decoder, as before. TF itself refuses PNGs of 2**29 pixels or more.
@@ -41,7 +42,7 @@ def load() -> bool:
             return bool(_state["loaded"])
         why = None
         if not os.path.exists(LIBRARY):
-            why = f"{LIBRARY} is not built (`make install` builds it: {BUILD_COMMAND})"
+            why = f"{LIBRARY} is not built (build it: {BUILD_COMMAND})"
         else:
             dali = import_dali()
             from nvidia.dali import plugin_manager

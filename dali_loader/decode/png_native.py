@@ -6,8 +6,9 @@ front end (chunk walk, CRCs, plan, post-steps) and Wuffs run in C++, ctypes rele
 the GIL for the call, and the pixels land in memory the caller owns
 (`decode_png_into`, or `decode_png(..., alloc=...)` with a pooled allocator).
 
-The core is built by `python -m dali_loader.native.build` (`make install` runs it)
-into `dali_loader/native/_build/libdlpng.so`; `available()` says whether it is there.
+The core is built by `pip install --no-build-isolation` (setup.py) or, in a checkout, by
+`python -m dali_loader.native.build` (`make install` runs it) into
+`dali_loader/native/_build/libdlpng.so`; `available()` says whether it is there.
 """
 
 from __future__ import annotations
@@ -17,18 +18,17 @@ import dataclasses
 import logging
 import threading
 from collections.abc import Callable
-from pathlib import Path
 
 import numpy as np
 
 from dali_loader.formats.limits import CORE_MAX_PIXELS as MAX_PIXELS
 from dali_loader.formats.png import Fallback
+from dali_loader.native import BUILD_DIR, build_hint
 
 logger = logging.getLogger(__name__)
 
-LIBRARY = Path(__file__).resolve().parent.parent / "native" / "_build" / "libdlpng.so"
-BUILD_HINT = ("the native PNG core is not built: run `python -m dali_loader.native.build` "
-              "(`make install` does)")
+LIBRARY = BUILD_DIR / "libdlpng.so"
+BUILD_HINT = f"the native PNG core is not built: run {build_hint('build')}"
 _OK = 0
 
 

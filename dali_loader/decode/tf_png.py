@@ -8,7 +8,8 @@ a corrupt one) goes to `tf.image.decode_image` in the same graph, behind a
 branch (`tf_internals.either`: TF's Switch and Merge, no function per branch to
 instantiate for every iterator), so it gets TF's own outcome and TF's own error.
 
-The op library (`native/_build/dl_tf_png.so`, built by
+The op library (`native/_build/dl_tf_png.so`, built against the installed TF by
+`pip install --no-build-isolation`, or in a checkout by
 `python -m dali_loader.native.build_tf`, part of `make install`) is loaded on
 first use. `available()` says whether it loads here.
 """
@@ -17,15 +18,15 @@ from __future__ import annotations
 
 import logging
 import threading
-from pathlib import Path
 
 from dali_loader.formats.limits import CORE_MAX_PIXELS, ENTRY_MAX_PIXELS
 from dali_loader.tf_internals import either
+from dali_loader.native import BUILD_DIR, build_hint
 
 logger = logging.getLogger(__name__)
 
-OP_LIBRARY = Path(__file__).resolve().parent.parent / "native" / "_build" / "dl_tf_png.so"
-BUILD_STEP = "python -m dali_loader.native.build_tf (part of `make install`)"
+OP_LIBRARY = BUILD_DIR / "dl_tf_png.so"
+BUILD_STEP = build_hint("build_tf")
 # Above this many pixels the op leaves a PNG to TF's decoder before sizing any
 # allocation from its header (TF decodes it, or refuses it as Keras would): the
 # core's envelope (why: formats.limits; the op's attribute default is the same).

@@ -14,9 +14,9 @@ generation) is a different entry. Each file starts with a JSON header (bucket, n
 generation, size, checksums); a hit is trusted only when the header matches the
 listing and the payload has the expected size and checksum. Writes go to a temp file
 and are ``os.replace``d into place, so a killed writer never leaves a partial file
-under an object's name. No fsync by default: a process verifies each entry before first use against the
-checksum, so even a file torn by a power loss is detected and fetched again. Least-recently-used order is the file mtime, refreshed
-on every hit; eviction trims to a low watermark under the lock.
+under an object's name. No fsync by default: a process verifies each entry before first use
+against the checksum, so even a file torn by a power loss is detected and fetched again.
+Least-recently-used order is the file mtime, refreshed on every hit; eviction trims to a low watermark under the lock.
 
 A reader that hands an entry's path to another reader (TF reads warm entries
 itself) first *pins* it: a hard link under ``pins/``. Eviction unlinks only the
@@ -52,7 +52,8 @@ import struct
 import threading
 import time
 import uuid
-from typing import Iterator, Protocol
+from typing import Protocol
+from collections.abc import Iterator
 
 from dali_loader.formats import cache_entry
 

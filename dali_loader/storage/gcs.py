@@ -22,7 +22,8 @@ import socket
 import ssl
 import urllib.parse
 import urllib.request
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING
+from collections.abc import Iterator
 
 from dali_loader.errors import StorageError
 from dali_loader.lazy import import_gcs

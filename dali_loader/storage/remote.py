@@ -4,9 +4,9 @@
 anonymous access when there are none, ``STORAGE_EMULATOR_HOST`` honoured) with an
 HTTP connection pool sized for ``max_in_flight`` concurrent downloads. Other schemes
 (``s3://``, ``az://``, ``memory://``, ...) go through fsspec; both backends live in
-:mod:`dali_loader.storage.gcs` and :mod:`dali_loader.storage.fsspec_backend`. This module lists, verifies and caches: every fetched
-object is verified (crc32c, else md5, else size), retried with exponential backoff
-and full jitter on transient failures, and kept in a
+:mod:`dali_loader.storage.gcs` and :mod:`dali_loader.storage.fsspec_backend`. This module
+lists, verifies and caches: every fetched object is verified (crc32c, else md5, else size),
+retried with exponential backoff and full jitter on transient failures, and kept in a
 :class:`~dali_loader.storage.cache.DiskCache`.
 
 The first listing of a source fails fast and clearly: the backend's ``check``
@@ -22,7 +22,7 @@ import contextlib
 import logging
 import threading
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 from dali_loader.args import positive_int
 from dali_loader.errors import StorageError
@@ -319,7 +319,7 @@ class RemoteSource:
             self.cache.close()
         self._backend.close()
 
-    def __enter__(self) -> "RemoteSource":
+    def __enter__(self) -> RemoteSource:
         return self
 
     def __exit__(self, *exc) -> None:

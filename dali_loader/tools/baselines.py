@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from typing import Sequence
+from collections.abc import Sequence
 
 from dali_loader.args import positive_int
 from dali_loader.lazy import import_tf

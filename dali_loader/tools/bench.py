@@ -36,7 +36,8 @@ import statistics
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
+from collections.abc import Callable, Iterable, Sequence
 
 from dali_loader import probes
 from dali_loader.args import positive_int

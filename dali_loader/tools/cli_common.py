@@ -19,12 +19,12 @@ import re
 import sys
 import tempfile
 import traceback
-from typing import Callable
+from collections.abc import Callable
 
 from dali_loader.errors import StorageError
 
-__all__ = ["CLI_ERRORS", "add_source_command", "add_verbose_flag", "cli_command", "error_message", "import_tensorflow_quietly",
-           "prepare_source", "quiet_native_logs", "run_command"]
+__all__ = ["CLI_ERRORS", "add_source_command", "add_verbose_flag", "cli_command", "error_message",
+           "import_tensorflow_quietly", "prepare_source", "quiet_native_logs", "run_command"]
 
 #: The errors reported as one line (anything else is a bug: full traceback).
 CLI_ERRORS: tuple[type[BaseException], ...] = (StorageError, ValueError, FileNotFoundError, ImportError, OSError)

@@ -13,7 +13,8 @@ from dali_loader.tools.cli_common import add_source_command, cli_command, prepar
 def add_parsers(subparsers) -> argparse.ArgumentParser:
     """Registers the ``diagnose`` subcommand on an argparse ``subparsers`` object."""
     p = add_source_command(
-        subparsers, "diagnose", handler, help="measure listing, reads, decode (libpng and Wuffs), resize, the loader and the step",
+        subparsers, "diagnose", handler,
+        help="measure listing, reads, decode (libpng and Wuffs), resize, the loader and the step",
         description="Measures each input stage on a sample of SOURCE (a local folder, a FUSE "
                     "mount or gs://bucket/prefix) and names the bottleneck: storage, decode or "
                     "consumer, with advice quoting the measured numbers.")

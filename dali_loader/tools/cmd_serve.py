@@ -5,8 +5,9 @@
 --dispatcher HOST:P [--port Q]`` a ``WorkerServer`` that registers with it. Both
 log what they serve (timestamped), run until SIGTERM or SIGINT, then stop their
 server and exit: 0, or 1 when TF's stop has not returned within ``--stop-timeout``
-seconds (a worker's stop waits for trainers' open reads). A worker first waits at most ``--connect-timeout`` seconds for the
-dispatcher's port, then exits 2 with one line saying so (never hangs). The
+seconds (a worker's stop waits for trainers' open reads). A worker first waits at most
+``--connect-timeout`` seconds for the dispatcher's port, then exits 2 with one line saying so
+(never hangs). The
 workers run the graphs trainers register (``image_dataset_from_directory(...,
 service="grpc://HOST:P")``): no dali-loader code runs in them. docs/service.md.
 """

@@ -33,7 +33,8 @@ import statistics
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Sequence
+from typing import Any
+from collections.abc import Callable, Sequence
 
 from dali_loader import probes
 from dali_loader.args import positive_int
@@ -270,9 +271,11 @@ def _decoder_advice(m: Measurements, loader_cpu: float) -> str:
                 f"~{_cpu_rate(m, 'wuffs'):,.0f} img/s), with exactly TF's pixels"
                 + ("" if m.png_decoder_option == "libpng" else
                    "; by default the loader runs it where its TF op is built "
-                   "(`make install` builds it)") + " (docs/png_cpu.md).")
+                   "(`pip install --no-build-isolation`, or `make install` in a checkout, "
+                   "builds it)") + " (docs/png_cpu.md).")
     return ("This loader decodes PNGs with libpng: Wuffs (exactly TF's pixels; the default for "
-            "gpu_ready fills) is not built here; `make install` builds the native PNG core "
+            "gpu_ready fills) is not built here; `pip install --no-build-isolation` (in a "
+            "checkout, `make install`) builds the native PNG core "
             "(docs/png_cpu.md).")
 
 
@@ -741,7 +744,8 @@ def format_report(m: Measurements) -> str:
 def _wuffs_row(m: Measurements) -> str:
     """The report's Wuffs decode row: its rates and the sampled PNGs it leaves to libpng."""
     if m.wuffs_all_cores is None:
-        return "not built (`make install` builds the native PNG core)"
+        return ("not built (`pip install --no-build-isolation` (in a checkout, `make install`) "
+                "builds the native PNG core)")
     text = (f"{m.wuffs_per_core:,.0f} img/s per core, {m.wuffs_all_cores:,.0f} img/s on "
             f"{m.cores} cores")
     if m.sample_pngs is not None:

@@ -35,7 +35,7 @@ import numpy as np
 
 from dali_loader.decode import png_native
 from dali_loader.formats import compact
-from dali_loader.testing.pngs import encode_png, photo
+from support.pngs import encode_png, photo  # tests/support: run_on_device.sh adds tests/
 
 BATCHES = (64, 256, 1024)
 

@@ -25,7 +25,7 @@ elif [ "${1:-}" != "--dry-run" ]; then
   echo "missing build/png_gpu_check/whl: run device_checks/png_gpu_check/prepare.py and carry it"
   exit 2
 fi
-export PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="$SITE:$PWD:$PWD/tests${PYTHONPATH:+:$PYTHONPATH}"  # tests/: support.pngs
 export LD_LIBRARY_PATH="$SITE/nvidia/libnvcomp/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 rc=0
 timeout -k 10 285 "$PY" device_checks/compact_gpu_check/device_check.py --out "$OUT" "$@" || rc=$?

@@ -131,7 +131,7 @@ def download(name: str, version: str) -> str:
     r = subprocess.run(cmd, capture_output=True, text=True)
     have = find_wheel(ORIG_DIR, name, version)
     if r.returncode != 0 or not have:
-        err = "\n".join(l for l in (r.stderr or "").splitlines() if "is ignored" not in l)
+        err = "\n".join(line for line in (r.stderr or "").splitlines() if "is ignored" not in line)
         raise SystemExit(f"pip download {name}=={version} failed:\n{err}")
     return have
 

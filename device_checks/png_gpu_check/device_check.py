@@ -6,7 +6,7 @@ wheels, numba-cuda and CuPy from the device:
 
 1. env: Python, numpy, numba(-cuda), CuPy, nvCOMP, nvidia-smi, CPU cores;
 2. photos: generates `--photos` 500x375 RGB photo PNGs (numpy + zlib level 6,
-   `dali_loader.testing.pngs`, seeded, every 5th image one filter type for all rows,
+   `support.pngs`, seeded, every 5th image one filter type for all rows,
    the others a mix of all five), in a process pool; their source pixels are the reference;
 3. exact: `decode_pngs` with `NvcompInflate` (and again with `ZlibInflate`, the CPU
    stand-in, feeding the same GPU kernels) on every PngSuite file in modes 1, 3, 4 (the
@@ -45,7 +45,7 @@ import zlib
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
-sys.path.insert(0, REPO)
+sys.path[:0] = [REPO, os.path.join(REPO, "tests")]  # dali_loader, and the PNG makers (support)
 DATA = os.path.join(REPO, "build", "png_gpu_check", "data")
 MODES = (1, 3, 4)
 PHOTO_HW = (375, 500)
@@ -71,7 +71,7 @@ def sha256(b: bytes) -> str:
 
 def make_photo(i: int, hw: tuple[int, int]) -> tuple[bytes, bytes]:
     """(PNG, source pixels) of photo `i`: seeded, filters varied per image."""
-    from dali_loader.testing.pngs import encode_png, photo
+    from support.pngs import encode_png, photo
 
     px = photo(np.random.default_rng(1000 + i), *hw)
     filters = (i // 5 % 5,) if i % 5 == 0 else tuple(np.random.default_rng(i).integers(0, 5, 7))
@@ -177,7 +177,7 @@ def check_broken(backend, launch, photos, hw) -> list[str]:
     the Adler-32/size/filter checks must send each to the CPU. Run last: if nvCOMP hung on
     one, the phases before are already in the JSON."""
     from dali_loader.decode.png_gpu import Fallback, decode_pngs
-    from dali_loader.testing.pngs import broken_streams
+    from support.pngs import broken_streams
 
     broken = broken_streams(np.frombuffer(photos[0][1], np.uint8).reshape(hw + (3,)))
     got = decode_pngs(list(broken.values()), 3, backend=backend, launch=launch)

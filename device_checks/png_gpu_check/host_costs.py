@@ -18,14 +18,15 @@ import time
 import zlib
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:0] = [HERE, os.path.dirname(os.path.dirname(HERE))]
+sys.path[:0] = [HERE, os.path.dirname(os.path.dirname(HERE)),
+                os.path.join(os.path.dirname(os.path.dirname(HERE)), "tests")]  # support.pngs
 
 import numpy as np  # noqa: E402
 
 from dali_loader.decode.png_gpu.decoder import plan  # noqa: E402
 from dali_loader.decode.png_gpu.pack import pack  # noqa: E402
 from dali_loader.lazy import import_tf  # noqa: E402
-from dali_loader.testing.pngs import encode_png  # noqa: E402
+from support.pngs import encode_png  # noqa: E402
 from device_check import make_photo  # noqa: E402
 
 

@@ -18,7 +18,7 @@ Writes `build/png_gpu_check/` (ignored; the device tool carries it):
   path in each mode, so the device must agree).
 
 The 2,000 timing photos are NOT carried: `device_check.py` generates them on the
-device (numpy + zlib, `dali_loader.testing.pngs`), their source pixels being the
+device (numpy + zlib, `tests/support/pngs.py`), their source pixels being the
 reference. Prints the carried total (limit 64 MiB) and the device tool's call.
 
     .venv/bin/python device_checks/png_gpu_check/prepare.py [--cuda 12|13] [--real 24]

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from dali_loader.decode.png_gpu.parse import Fallback
 from dali_loader.decode.tf_kernels import pixels_like_keras

@@ -22,7 +22,7 @@ import collections
 import dataclasses
 import threading
 from concurrent.futures import Executor
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from concurrent.futures import Executor
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 

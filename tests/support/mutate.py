@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from dali_loader.testing.pngs import chunk
+from support.pngs import chunk
 
 MUTATIONS = ("byte_flip", "idat_flip", "truncate", "drop_chunk", "trailing", "ihdr_edit")
 

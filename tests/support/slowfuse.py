@@ -12,7 +12,7 @@ and how many were in flight at once (the read concurrency a loader keeps).
 Needs `/dev/fuse`, libfuse2 (Debian: `apt-get install libfuse2`), `fusermount`
 and fusepy (`pip install fusepy`, in the `test` extra). `fuse_problem()` says
 what is missing, for a clean skip. Run as a script it serves until unmounted:
-`python -m dali_loader.testing.slowfuse SRC MOUNT --delay 0.05 --stats FILE`.
+`PYTHONPATH=tests python -m support.slowfuse SRC MOUNT --delay 0.05 --stats FILE`.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def fuse_problem() -> str | None:
         return "fusermount is not installed (Debian: apt-get install -y fuse)"
     try:
         import fuse  # noqa: F401  (fusepy)
-    except (ImportError, OSError, EnvironmentError) as e:
+    except (ImportError, OSError) as e:
         return f"fusepy is not usable ({e}); install the test extra: pip install fusepy"
     return None
 
@@ -72,7 +72,7 @@ class SlowMount:
             raise RuntimeError(f"Cannot mount with FUSE: {problem}.")
         os.makedirs(self.mount, exist_ok=True)
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "dali_loader.testing.slowfuse", self.src, self.mount,
+            [sys.executable, "-m", "support.slowfuse", self.src, self.mount,
              "--delay", str(self.delay), "--stats", self.stats_file],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})

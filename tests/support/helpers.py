@@ -1,8 +1,46 @@
-"""Small helpers the tests share (fixtures live in conftest.py)."""
+"""Small helpers the tests share (pytest's fixtures live in tests/conftest.py)."""
 
 from __future__ import annotations
 
+import pathlib
 import time
+
+import numpy as np
+
+from support import REPO  # noqa: F401 (imported from here by the tests)
+
+
+def _photo(rng: np.random.Generator, h: int, w: int) -> np.ndarray:
+    """A smooth, noisy, photo-like RGB image."""
+    y, x = np.mgrid[0:h, 0:w].astype(np.float32)
+    base = np.stack(
+        [
+            127 + 100 * np.sin(x / rng.uniform(5, 30) + rng.uniform(0, 6)),
+            127 + 100 * np.cos(y / rng.uniform(5, 30) + rng.uniform(0, 6)),
+            127 + 100 * np.sin((x + y) / rng.uniform(5, 30)),
+        ],
+        -1,
+    )
+    base += rng.normal(0, 6, base.shape)
+    return np.clip(base, 0, 255).astype(np.uint8)
+
+
+def save(path: pathlib.Path, arr: np.ndarray, fmt: str = "PNG") -> pathlib.Path:
+    from PIL import Image
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(arr).save(path, format=fmt)
+    return path
+
+
+def valid_pngs(folder: pathlib.Path) -> list[pathlib.Path]:
+    """The valid PNGs of `folder` (names not starting with "x"), sorted."""
+    return sorted(p for p in folder.glob("*.png") if not p.name.startswith("x"))
+
+
+def corrupt_pngs(folder: pathlib.Path) -> list[pathlib.Path]:
+    """The corrupt PNGs of `folder` (names starting with "x"), sorted."""
+    return sorted(folder.glob("x*.png"))
 
 
 def wait_for(cond, timeout: float = 5.0, step: float = 0.005) -> None:
@@ -120,7 +158,7 @@ def fast_simulator():
     if not cuda.jit.__module__.startswith("numba.cuda.simulator"):
         # A harness fault, not an optional extra: these tests would silently not run.
         pytest.fail("numba.cuda was imported before NUMBA_ENABLE_CUDASIM=1 could be set: "
-                    "something imported numba.cuda before tests/helpers.choose_cuda_simulator "
+                    "something imported numba.cuda before tests/support/helpers.choose_cuda_simulator "
                     "ran (import it only through that helper).", pytrace=False)
     from numba.cuda.simulator import kernelapi
 
@@ -172,8 +210,8 @@ def refuses_flipped_idats(decode) -> int:
     import numpy as np
 
     from dali_loader.decode.png_cpu import Fallback
-    from dali_loader.testing.mutate import mutate
-    from dali_loader.testing.pngs import encode_png, photo
+    from support.mutate import mutate
+    from support.pngs import encode_png, photo
 
     good = encode_png(photo(np.random.default_rng(3), 40, 40), (4,))
     refused = 0

@@ -7,7 +7,7 @@ chunk-table field set to a boundary value, another entry's header on this one's 
 them with the optimised core (refused, or exactly the source pixels) and with the
 ASan + UBSan driver (`fuzz_driver entry`).
 
-    python -m dali_loader.testing.fuzz_entry --mutants 100000
+    PYTHONPATH=tests python -m support.fuzz_entry --mutants 100000
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from dali_loader.formats import compact
-from dali_loader.testing.pngs import photo
+from support.pngs import photo
 
 logger = logging.getLogger(__name__)
 
@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     from dali_loader.native import build
-    from dali_loader.testing.fuzz_png import run_driver
+    from support.fuzz_png import run_driver
 
     driver = build.sanitizer_driver()
     gen, done, ok = mutants(args.mutants, args.seed), 0, 0

@@ -7,11 +7,11 @@ listing with ``prefix``/``delimiter``, object metadata, and media downloads with
 resets, truncated bodies, flipped bytes) are drawn from a seeded RNG; ``Faults.deny_status``
 refuses every request (401/403) as GCS does for missing or insufficient credentials. Used by the
 tests, the demo and the benchmarks; never meant to face a network. This module holds
-the store and its lifecycle; the HTTP routes live in :mod:`dali_loader.testing.fakegcs_handler`.
+the store and its lifecycle; the HTTP routes live in :mod:`support.fakegcs_handler`.
 
 Run standalone (prints ``FAKEGCS_URL http://127.0.0.1:PORT``)::
 
-    python -m dali_loader.testing.fakegcs --root DIR --bucket b --latency 0.05
+    PYTHONPATH=tests python -m support.fakegcs --root DIR --bucket b --latency 0.05
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import time
 
 import google_crc32c
 
-from dali_loader.testing.fakegcs_handler import FakeGCSHandler, FakeGCSServer, StoredObject
+from support.fakegcs_handler import FakeGCSHandler, FakeGCSServer, StoredObject
 
 _GEN_BASE = 1_700_000_000_000_000
 
@@ -98,7 +98,7 @@ class FakeGCS:
     # ----------------------------------------------------------------- store
     @classmethod
     def from_directory(cls, root: str, bucket: str = "b", *, prefix: str = "",
-                       dir_placeholders: bool = False, **kwargs) -> "FakeGCS":
+                       dir_placeholders: bool = False, **kwargs) -> FakeGCS:
         """A server whose bucket holds every file under ``root`` (at ``prefix/rel``).
 
         With ``dir_placeholders`` each directory also gets a zero-byte ``"dir/"``
@@ -166,7 +166,7 @@ class FakeGCS:
 
     url = endpoint
 
-    def start(self, port: int = 0) -> "FakeGCS":
+    def start(self, port: int = 0) -> FakeGCS:
         """Start serving on ``127.0.0.1:port`` (0 = any free port)."""
         if self._server is not None:
             return self
@@ -193,7 +193,7 @@ class FakeGCS:
             self._thread.join(timeout=5)
             self._thread = None
 
-    def __enter__(self) -> "FakeGCS":
+    def __enter__(self) -> FakeGCS:
         return self.start()
 
     def __exit__(self, *exc) -> None:
@@ -237,7 +237,7 @@ def write_random_tree(root: str, *, classes: tuple[str, ...] = ("cats", "dogs", 
 
 def main(argv: list[str] | None = None) -> int:
     """Serve a directory (and/or a synthetic listing) until stdin closes or SIGTERM."""
-    p = argparse.ArgumentParser(prog="python -m dali_loader.testing.fakegcs", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m support.fakegcs", description=__doc__.splitlines()[0])
     p.add_argument("--root", help="directory served as the bucket")
     p.add_argument("--bucket", default="b")
     p.add_argument("--prefix", default="", help="object-name prefix for the files of --root")

@@ -1,10 +1,10 @@
 """Fuzzing the native PNG core under AddressSanitizer and UBSan (issue 27 item 6).
 
-`python -m dali_loader.testing.fuzz_png --mutants 100000` builds the sanitizer
+`PYTHONPATH=tests python -m support.fuzz_png --mutants 100000` builds the sanitizer
 driver (`python -m dali_loader.native.build --sanitize`: `fuzz_driver.cc`, the core
 and Wuffs with `-fsanitize=address,undefined -fno-sanitize-recover=all`), then
 feeds it the 3,000-file mutation corpus and N more seeded mutants (one to three
-stacked mutations each, `testing/mutate.py`) of sound PNGs, each decoded in 1, 3
+stacked mutations each, `tests/support/mutate.py`) of sound PNGs, each decoded in 1, 3
 and 4 channels into a buffer of exactly the planned size. Any sanitizer report
 aborts the driver: the run fails and names the batch. Exit status 0: no finding.
 """
@@ -24,9 +24,9 @@ from pathlib import Path
 
 import numpy as np
 
-from dali_loader.testing import png_corpus
-from dali_loader.testing.mutate import MUTATIONS, corpus, mutate
-from dali_loader.testing.pngs import chunk, encode_png, photo
+from support import png_corpus
+from support.mutate import MUTATIONS, corpus, mutate
+from support.pngs import chunk, encode_png, photo
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +58,7 @@ def mutation_bases() -> list[bytes]:
 
 def sources(pngsuite: Path | None = None) -> list[bytes]:
     """Sound PNGs to fuzz from: `mutation_bases()`, Pillow's 1-bit and 16-bit grey,
-    the generated corpus (`testing/png_corpus`: every colour type x depth x interlace x
+    the generated corpus (`tests/support/png_corpus`: every colour type x depth x interlace x
     ancillary variant, and its corrupt files) and PngSuite's valid files (when given)."""
     from PIL import Image
 

@@ -1,4 +1,4 @@
-"""The HTTP side of :class:`~dali_loader.testing.fakegcs.FakeGCS`: routes, listing pages, media, faults.
+"""The HTTP side of :class:`~support.fakegcs.FakeGCS`: routes, listing pages, media, faults.
 
 Bucket metadata (``/storage/v1/b/B``), paged listings with ``prefix``/``delimiter``
 (``/storage/v1/b/B/o``), object metadata and media downloads
