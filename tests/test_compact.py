@@ -148,7 +148,7 @@ def test_mutants_are_refused_or_exact():
 
 @pytest.mark.slow
 def test_sanitizer_over_mutated_entries():
-    """The entry decoder under ASan + UBSan (`fuzz_driver ... entry`): 50,000 mutants
+    """The entry decoder under ASan + UBSan (`fuzz_driver ... entry`): 20,000 mutants
     and the sound entries, no finding; what it decodes is the source's pixels. The same
     run from the command line: `PYTHONPATH=tests python -m support.fuzz_entry`."""
     from support.helpers import sanitizer_driver
@@ -160,9 +160,9 @@ def test_sanitizer_over_mutated_entries():
     result, lines = run_driver(driver, [e for e, _ in bases], verbose=True, entries=True)
     assert result.ok == len(bases)
     assert lines == [f"ok {zlib.crc32(px.tobytes()):08x}" for _, px in bases]
-    pairs = list(fuzz_entry.mutants(50_000, seed=11))
+    pairs = list(fuzz_entry.mutants(20_000, seed=11))
     result, lines = run_driver(driver, [d for d, _ in pairs], verbose=True, entries=True)
-    assert result.files == 50_000 and result.fallback > 45_000, result
+    assert result.files == 20_000 and result.fallback > 18_000, result
     for line, (_, px) in zip(lines, pairs):
         if line.startswith("ok"):
             assert line == f"ok {zlib.crc32(px.tobytes()):08x}"
