@@ -243,11 +243,15 @@ def test_registry_open_check_close():
     fed(a2)
     assert reg.check(t1, [0, 1, 2, 3]) == []
     assert len(reg) == 2 and not a1.epoch.closed
+    assert (reg.feeding, reg.awaiting) == (2, 0)
     reg.fed_out(t1)
+    assert (reg.feeding, reg.awaiting) == (1, 1)  # `ds.loader.open_iterations`: 1
     assert reg.check(t1, [4, 5, END]) == []
     assert len(reg) == 1 and a1.epoch.closed  # closed at its marker
+    assert (reg.feeding, reg.awaiting) == (1, 0)
     reg.close(t2)  # abandoned
     assert len(reg) == 0 and a2.epoch.closed
+    assert (reg.feeding, reg.awaiting) == (0, 0)
     reg.close(t2)  # again: nothing
     assert reg.check(t2, [0, 1]) == []  # unknown token: an abandoned iteration
     assert reg.check(12345, [END]) == []

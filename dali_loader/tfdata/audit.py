@@ -161,6 +161,19 @@ class AuditRegistry:
     def __len__(self) -> int:
         return len(self._auditors)
 
+    @property
+    def feeding(self) -> int:
+        """Iterations still feeding files (an abandoned one's ends with its generator)."""
+        with self._lock:
+            return len(self._auditors) - len(self._fed_out)
+
+    @property
+    def awaiting(self) -> int:
+        """Iterations that fed out every file, their last batches' checks to come
+        (none come for an iterator abandoned in between: at most `_FINISHED_KEPT`)."""
+        with self._lock:
+            return len(self._fed_out)
+
     def check(self, token: int, positions: list[int]) -> list[tuple[int, Any]]:
         """Checks one batch of iteration `token` (its surviving positions, in
         order); returns the files recovered before them (`Auditor.check`)."""

@@ -8,10 +8,13 @@ seek/resume, and close. A dataset derived by a tf.data transformation
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sized
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from dali_loader.plan import Plan
+
+if TYPE_CHECKING:
+    from dali_loader.tfdata.audit import AuditRegistry
 
 
 class LoaderHandle:
@@ -26,7 +29,7 @@ class LoaderHandle:
     """
 
     def __init__(self, engine: Any, plan: Plan, resume: Callable[[int, int], Any],
-                 audits: Sized | None = None):
+                 audits: AuditRegistry | None = None):
         self.engine = engine
         self.plan = plan
         self._resume = resume
@@ -64,9 +67,16 @@ class LoaderHandle:
 
     @property
     def open_iterations(self) -> int | None:
-        """TF's kernels over files: this dataset's iterations whose audit is still open
-        (an abandoned iterator's closes with it); None on the other paths."""
-        return None if self._audits is None else len(self._audits)
+        """TF's kernels over files: this dataset's iterations still feeding files (an
+        abandoned iterator's closes with it); None on the other paths. One that fed out
+        every file before its iterator was abandoned is `awaiting_checks` instead."""
+        return None if self._audits is None else self._audits.feeding
+
+    @property
+    def awaiting_checks(self) -> int | None:
+        """TF's kernels over files: iterations that fed out every file and whose last
+        batches' checks have not come (kept for at most 64 abandoned ones); None elsewhere."""
+        return None if self._audits is None else self._audits.awaiting
 
     @property
     def shard(self) -> tuple[int, int]:
