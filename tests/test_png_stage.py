@@ -16,6 +16,7 @@ from support.helpers import _photo, save
 from dali_loader import probes
 from dali_loader.decode import png_cpu, png_stage
 from dali_loader.decode.png_cpu import Fallback, decode_png
+from dali_loader.plan import PngWhere
 from dali_loader.decode.png_stage import KerasPixels, RawOrCheckedItems
 from dali_loader.feed.items import Paths
 from support.mutate import mutate
@@ -107,8 +108,8 @@ def test_every_file_once_with_its_label_keras_pixels(trees, png_trees, decoder, 
     items = loader.feed.items if decoder else loader.items
     # The CPU default decodes in TF's graph, PNGs by the native core's op (tf_png).
     assert isinstance(items, RawOrCheckedItems if decoder else Paths)
-    if decoder is None:
-        assert loader.png_decoder is png_stage.PngDecoder.WUFFS
+    if decoder is None:  # the graph reads its decoder from the plan
+        assert loader.plan.png_where is PngWhere.TF_OP
     orders = []
     for epoch in range(2):
         got = [(x, int(y)) for xb, yb in ds for x, y in zip(xb.numpy(), yb.numpy())]
