@@ -52,9 +52,11 @@ test: install fuse-lib lint
 	$(VPY) -m pytest -q -ra --durations=25
 
 # ruff over the whole repository (pyproject.toml's [tool.ruff]: the rules, and why some are not
-# selected); `make test` runs it first.
+# selected), then mypy over the TF-free core (its [tool.mypy]: the files, and each exception
+# with its reason); `make test` runs both first.
 lint: $(STAMP)
 	$(VPY) -m ruff check .
+	$(VPY) -m mypy
 
 # libfuse2 for tests/test_fuse.py's FUSE mount (fusepy needs it): installed when root and
 # missing (CI runs as root in a fresh clone); otherwise those tests skip, saying so.

@@ -327,10 +327,11 @@ class Plan:
                  PngWhere.DALI_OP: "native core, DALI operator in the graph",
                  PngWhere.TF: "TF's decode_png", PngWhere.FEED: "on the feed's threads",
                  PngWhere.DALI: "DALI's decoder"}
+        # A resolved plan sets png_where, png_fill with the cache (NONE), else png_epoch.
         if self.png_where is PngWhere.NONE:
-            return (f"{self.png_fill.value} (GPU-ready cache fills, on the feed's threads; "
-                    "epochs decode no PNG)")
-        return f"{self.png_epoch.value} ({where[self.png_where]})"
+            return (f"{self.png_fill.value} (GPU-ready cache fills, "  # type: ignore[union-attr]
+                    "on the feed's threads; epochs decode no PNG)")
+        return f"{self.png_epoch.value} ({where[self.png_where]})"  # type: ignore[union-attr,index]
 
     def rows(self) -> list[tuple[str, str, str]]:
         """`(field, value, why)` for each decision, in the order the rules take them."""
@@ -477,7 +478,8 @@ def _gpu_ready_value(d: _Draft) -> ReadyForm | None:
                          f"Received: gpu_ready={value!r}")
     if value is None or value is False:
         return None
-    return {"tiff": ReadyForm.TIFF, "raw": ReadyForm.RAW}.get(value, ReadyForm.COMPACT)
+    return {"tiff": ReadyForm.TIFF, "raw": ReadyForm.RAW}.get(
+        value, ReadyForm.COMPACT)  # type: ignore[arg-type]  # True: not a key, the default form
 
 
 def _handoff_value(d: _Draft) -> Handoff | None:
@@ -667,7 +669,7 @@ def _tiff_on_gpu(d: _Draft) -> None:
             "(raw entries) decodes nothing.")
 
 
-def _handoff(d: _Draft) -> Handoff | None:
+def _handoff(d: _Draft) -> Handoff | Because | None:
     """The handoff for DALI's batches. None picks the host-placed plugin on the
     GPU when it holds every guarantee of the options: batched, and
     `on_error="raise"` or the GPU-ready cache (its entries were decoded by TF
