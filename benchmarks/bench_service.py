@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
                     data, image_size=IMAGE_SIZE, batch_size=BATCH, seed=SEED, verbose=False)),
                 Setup("in-process (no service)", graph_dataset(
                     index, spec, BATCH, "int", len(index.class_names), seed=SEED, shuffle=True,
-                    on_error="raise", max_in_flight=16, num_threads=None))]
+                    on_error="raise", parallel=None))]
             for svc in (one, two):
                 n = len(svc.workers)
                 setups.append(Setup(f"service, {n} worker{'s' * (n > 1)}",
@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
                                         service=svc.target, verbose=False), svc.worker_pids))
             setups.append(Setup("service, 2 workers, compression=None", graph_dataset(
                 index, spec, BATCH, "int", len(index.class_names), seed=SEED, shuffle=True,
-                on_error="raise", max_in_flight=16, num_threads=None,
+                on_error="raise", parallel=None,
                 distribute=distributor(two.target, compression=None)), two.worker_pids))
             for s in setups:  # warm-up
                 s.epoch(timed=False)

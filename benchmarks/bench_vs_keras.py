@@ -141,7 +141,7 @@ def fixed_cost(root: str, rounds: int) -> dict:
         _, index = open_index(root, seed=1)
         loaders["graph_dataset"] = graph_dataset(
             index, ImageSpec(*SIZE), BATCH, "int", 4, seed=1, shuffle=True, on_error="raise",
-            max_in_flight=64, num_threads=None)
+            parallel=None)
     except ImportError:  # an older checkout
         pass
     for ds in loaders.values():

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
 import numpy as np
 
 from dali_loader import probes
@@ -9,9 +12,9 @@ from dali_loader.args import positive_int
 from dali_loader.decode.dali_batches import DaliBatches
 from dali_loader.decode.spec import ImageSpec, channels_for
 from dali_loader.index import Index, build_index
-from dali_loader.plan import Options, Output, check, resolve
+from dali_loader.plan import Engine, Environment, Options, Output, Plan, check, resolve
 from dali_loader.storage.source import Source, open_source
-from dali_loader.tfdata.dataset import make_loader
+from dali_loader.tfdata.dataset import make_loader, to_tf_dataset
 
 
 def open_index(
@@ -56,6 +59,64 @@ def open_index(
     return src, index
 
 
+
+@dataclasses.dataclass(frozen=True)
+class Listed:
+    """A listed source and what its datasets are planned with (`open_listed`)."""
+
+    source: Source
+    index: Index
+    options: Options  # as the caller passed them, the seed drawn when None
+    env: Environment  # the machine's facts (the source's are added per dataset)
+
+
+def open_listed(source: str, options: Options, **listing: Any) -> Listed:
+    """Checks `options` (every refusal before listing, as Keras checks its arguments
+    first), draws the seed when none was passed (as Keras does), then lists `source`
+    once (`open_index`; `listing`: its labels, class_names, follow_links, cache_dir,
+    require_files)."""
+    env = probes.environment()
+    check(options, env)
+    if options.seed is None:
+        options = dataclasses.replace(options, seed=int(np.random.randint(1e6)))
+    src, index = open_index(
+        source, shuffle=options.shuffle, seed=options.seed, max_in_flight=options.max_in_flight,
+        cache_max_bytes=options.cache_max_bytes, manifest=options.manifest, **listing)
+    return Listed(src, index, options, env)
+
+
+def plan_for(listed: Listed, index: Index, shuffle: bool) -> Plan:
+    """The plan of one dataset over `index` (the listing's, or a split of it): the
+    options as they run (this dataset's `shuffle`, the drawn seed), its files."""
+    plan = resolve(dataclasses.replace(listed.options, shuffle=shuffle),
+                   listed.env.with_source(listed.source.kind, index.paths))
+    probes.say_notes(plan)
+    probes.share_gpu(plan)
+    return plan
+
+
+def build(listed: Listed, index: Index, spec: ImageSpec, *, shuffle: bool,
+          label_mode: str | None = "int", num_classes: int = 0,
+          attributes: dict[str, Any] | None = None):
+    """The one sequence every entry point runs after listing: the plan of `index`,
+    then what it says to build: numpy batches (`DaliBatches`), the tf.data service's
+    dataset, or a loader wrapped as a Keras-shaped tf.data.Dataset."""
+    plan = plan_for(listed, index, shuffle)
+    o = plan.options
+    if plan.engine is Engine.SERVICE:
+        from dali_loader.tfdata.service import service_dataset
+
+        ds = service_dataset(index, spec, o.batch_size, label_mode, num_classes, plan)
+        for name, value in (attributes or {}).items():
+            setattr(ds, name, value)
+        return ds
+    loader = make_loader(listed.source, index, spec, plan, batch_size=o.batch_size or 32,
+                         shuffle=shuffle, seed=o.seed)
+    if plan.output is Output.NUMPY:
+        return loader
+    return to_tf_dataset(loader, spec, o.batch_size, label_mode, num_classes,
+                         attributes=attributes)
+
 def open_loader(
     source: str,
     *,
@@ -89,26 +150,15 @@ def open_loader(
     options = Options(device=device, num_threads=num_threads, on_error=on_error,
                       max_in_flight=max_in_flight, cache_max_bytes=cache_max_bytes,
                       batch_size=batch_size, shuffle=shuffle, seed=seed, output=Output.NUMPY)
-    env = probes.environment()
-    check(options, env)
-    if seed is None:
-        seed = int(np.random.randint(1e6))
-    src, index = open_index(
-        source, labels=labels, class_names=class_names, shuffle=shuffle, seed=seed,
-        follow_links=follow_links, cache_dir=cache_dir, cache_max_bytes=cache_max_bytes,
-        max_in_flight=max_in_flight,
-    )
+    listed = open_listed(source, options, labels=labels, class_names=class_names,
+                         follow_links=follow_links, cache_dir=cache_dir)
     spec = ImageSpec(int(image_size[0]), int(image_size[1]), channels, interpolation,
                      crop_to_aspect_ratio, pad_to_aspect_ratio)
-    plan = resolve(options, env.with_source(src.kind, index.paths))
-    probes.say_notes(plan)
     try:
-        return make_loader(src, index, spec, plan, batch_size=batch_size, shuffle=shuffle,
-                           seed=seed)
+        return build(listed, listed.index, spec, shuffle=shuffle)
     except BaseException:
-        src.close()
+        listed.source.close()
         raise
-
 
 def open_dataset(
     source: str,
@@ -135,23 +185,13 @@ def open_dataset(
     `png_decoder` picks who decodes PNGs (`ds.loader.plan` names the one that
     runs: `plan.resolve`). Every option is checked before `source` is listed.
     """
-    from dali_loader.tfdata.dataset import to_tf_dataset
-
     options = Options(device=device, decoder=decoder, max_in_flight=max_in_flight,
                       cache_max_bytes=cache_max_bytes, gpu_ready=gpu_ready,
                       png_decoder=png_decoder, batch_size=batch_size, shuffle=shuffle, seed=seed)
-    env = probes.environment()
-    check(options, env)
-    src, index = open_index(source, shuffle=shuffle, seed=seed, cache_dir=cache_dir,
-                            cache_max_bytes=cache_max_bytes, max_in_flight=max_in_flight)
-    spec = ImageSpec(int(image_size[0]), int(image_size[1]))
+    listed = open_listed(source, options, cache_dir=cache_dir)
     try:
-        plan = resolve(options, env.with_source(src.kind, index.paths))
-        probes.say_notes(plan)
-        probes.share_gpu(plan)
-        loader = make_loader(src, index, spec, plan, batch_size=batch_size, shuffle=shuffle,
-                             seed=seed)
+        return build(listed, listed.index, ImageSpec(int(image_size[0]), int(image_size[1])),
+                     shuffle=shuffle, num_classes=len(listed.index.class_names or []))
     except BaseException:
-        src.close()
+        listed.source.close()
         raise
-    return to_tf_dataset(loader, spec, batch_size, "int", len(index.class_names or []))

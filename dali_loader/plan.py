@@ -30,6 +30,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from dali_loader.args import positive_int
+from dali_loader.feed.order import shard_size
 # The default pixel limit (2**30: why, in formats.limits) and the cache's pixel forms
 # are formats; the plan names them.
 from dali_loader.formats.limits import DEFAULT_MAX_PIXELS
@@ -124,6 +125,31 @@ class Handoff(str, enum.Enum):
         return self is not Handoff.GENERATOR
 
 
+class Graph(str, enum.Enum):
+    """How the TF path's graph decodes and batches files (`tfdata.tf_path`)."""
+
+    # TF's one `map_and_batch` op, as Keras's own pipeline runs after grappler: less CPU
+    # per image; a failing file drops its batch, which the audit decodes again; pads
+    # keep the end marker alone in its batch (each costs about a decode of zeros).
+    FUSED = "fused"
+    # The decode as a map, `ignore_errors()` per file, then the batch: no pads.
+    PER_FILE = "per-file"
+
+
+class PngBinding(str, enum.Enum):
+    """How Wuffs is reached on the feed's threads (the DALI path, the cache's fills)."""
+
+    NATIVE_CORE = "native-core"  # the native core (libdlpng) through ctypes, GIL released
+    PYWUFFS = "pywuffs"  # Wuffs' Python bindings (`decode.png_cpu`)
+
+
+class BigPngs(str, enum.Enum):
+    """Where DALI's epochs decode the PNGs over `formats.limits.BIG_PNG_PIXELS`."""
+
+    TF_BEFORE_DALI = "tf-before-dali"  # on the CPU: TF as the batch enters DALI (`HostPixels`)
+    DALI = "dali"  # with the rest (on a GPU: a branch would hold the `mixed` decoder)
+
+
 class Check(str, enum.Enum):
     """What guards the decoders against a bad file (docs/architecture.md)."""
 
@@ -140,6 +166,10 @@ ON_ERROR = ("raise", "skip")
 PNG_DECODERS = (None, *(d.value for d in PngDecoder))
 GPU_READY_VALUES = (None, False, True, "compact", "raw", "tiff")
 HANDOFFS = (None, *(h.value for h in Handoff))
+# The TF path's decode calls in flight per core by default (`_decode_calls`).
+CALLS_PER_CORE = 2
+# The fused graph where its pads are at most this share of an epoch's files (`_graph`).
+FUSED_MAX_PAD_SHARE = 0.25
 _ADDRESS = re.compile(r"^grpc://(?P<host>\[[0-9a-fA-F:]+\]|[A-Za-z0-9_.-]+):(?P<port>\d{1,5})$")
 
 # Whether a GPU run has confirmed that DALI's `mixed` decoder decodes `TIFF`
@@ -157,7 +187,9 @@ class Options:
     """The loader's keyword options as the caller passed them (`resolve` checks them).
 
     `batch_size`, `shuffle` and `seed` are Keras's arguments, read by the rules
-    that combine them with a loader option; `output` is the entry point's."""
+    that combine them with a loader option; `output` is the entry point's. In a
+    dataset's plan they are what runs: the seed drawn when none was passed, and
+    `shuffle=False` for a validation subset (`build.plan_for`)."""
 
     device: str | None = None
     decoder: str | None = None
@@ -193,23 +225,29 @@ class Environment:
         tf_png_op: the native PNG core's TF op is built and loads.
         dali_png_op: the native PNG core's DALI operator is built and loads.
         wuffs: Wuffs decodes on the feed's threads (the native core, or pywuffs).
+        png_core: the native PNG core itself (libdlpng) is built and loads.
         dali_tf_plugin: DALI's TF plugin (`nvidia.dali.plugin.tf`) imports.
+        cores: CPU cores available to this process.
         source_kind: a `SourceKind` (after listing).
+        files: the files the index lists (after listing; before sharding).
         has_jpegs: the index names a .jpg/.jpeg file (after listing).
         has_pngs: the index names a .png file (after listing).
     """
 
-    FACTS = ("tf_gpus", "dali_gpus", "tf_png_op", "dali_png_op", "wuffs", "dali_tf_plugin",
-             "source_kind", "has_jpegs", "has_pngs")
-    SOURCE_FACTS = ("source_kind", "has_jpegs", "has_pngs")
+    FACTS = ("tf_gpus", "dali_gpus", "tf_png_op", "dali_png_op", "wuffs", "png_core",
+             "dali_tf_plugin", "cores", "source_kind", "files", "has_jpegs", "has_pngs")
+    SOURCE_FACTS = ("source_kind", "files", "has_jpegs", "has_pngs")
 
     tf_gpus: int
     dali_gpus: int
     tf_png_op: bool
     dali_png_op: bool
     wuffs: bool
+    png_core: bool
     dali_tf_plugin: bool
+    cores: int
     source_kind: SourceKind
+    files: int
     has_jpegs: bool
     has_pngs: bool
 
@@ -235,7 +273,7 @@ class Environment:
     def with_source(self, kind: SourceKind, paths: Sequence[str]) -> Environment:
         """This environment (its facts read so far kept) plus the source's facts: its
         kind, and the formats its index's `paths` name (each read when a rule asks)."""
-        env = Environment(**{**self._given, "source_kind": kind,
+        env = Environment(**{**self._given, "source_kind": kind, "files": len(paths),
                              "has_jpegs": lambda: has_jpegs(paths),
                              "has_pngs": lambda: has_pngs(paths)})
         env._known.update({k: v for k, v in self._known.items() if k not in self.SOURCE_FACTS})
@@ -282,8 +320,16 @@ class Plan:
             entries, nothing decoded).
         png_where: Where `png_epoch` runs.
         png_fill: With the GPU-ready cache, who decodes the PNGs a fill reads.
+        png_binding: How Wuffs is reached where the feed's threads decode (None
+            where they do not).
+        big_pngs: Where DALI's epochs decode PNGs over `BIG_PNG_PIXELS` (None off
+            DALI's files).
         cache_form: The GPU-ready cache's form, or None (no cache).
         handoff: How DALI's batches reach TF (None off DALI, or for numpy).
+        graph: How the TF path's graph decodes and batches files (None off it).
+        decode_calls: TF's decode calls in flight (the TF path and the cache's
+            entries on TF's kernels; the service's workers, where None is
+            AUTOTUNE; None elsewhere).
         checks: What guards the decoders against a bad file.
         service_address: `(host, port)` of the tf.data service's dispatcher.
         notes: What to say once (a slower fallback, an unverified path).
@@ -305,6 +351,10 @@ class Plan:
     cache_form: ReadyForm | None
     handoff: Handoff | None
     checks: tuple[Check, ...]
+    graph: Graph | None = None
+    decode_calls: int | None = None
+    png_binding: PngBinding | None = None
+    big_pngs: BigPngs | None = None
     service_address: tuple[str, int] | None = None
     notes: tuple[str, ...] = ()
     why: dict[str, str] = dataclasses.field(default_factory=dict, compare=False)
@@ -336,9 +386,10 @@ class Plan:
     def rows(self) -> list[tuple[str, str, str]]:
         """`(field, value, why)` for each decision, in the order the rules take them."""
         out = []
-        for name in ("engine", "device", "device_id", "shard", "cache_form", "png_fill",
-                     "handoff", "item_reader", "dali_input", "png_epoch", "png_where",
-                     "checks"):
+        for name in ("engine", "device", "device_id", "shard", "service_address",
+                     "cache_form", "png_fill", "handoff", "item_reader", "dali_input",
+                     "png_epoch", "png_where", "png_binding", "big_pngs", "graph",
+                     "decode_calls", "checks"):
             out.append((name, _show(getattr(self, name)), self.why.get(name, "")))
         return out
 
@@ -788,6 +839,68 @@ def _dali_input(d: _Draft) -> DaliInput | None:
     return DaliInput.FILES_OR_RAW if d.png_where is PngWhere.FEED else DaliInput.FILES
 
 
+def _graph(d: _Draft) -> Because | None:
+    """The fused graph unless its pads would be over a quarter of the epoch's files.
+
+    The fusion saves CPU on every image (2-6% measured on photos; on 512 tiny PNGs
+    the fused graph ran 14% faster); the pads, up to a batch less one per epoch, each
+    cost about a decode (70 µs each at 244x244: docs/benchmarks.md, issue 29). Issue
+    29 fused from 4 batches; issue 37 measured whole batches (no pads) gaining too."""
+    if d.engine is not Engine.TF_KERNELS or d.item_reader not in _FILE_READERS:
+        return None
+    batch = d.o.batch_size or 32
+    files = shard_size(d.env.files, batch, *d.shard)
+    pads = -files % batch
+    said = f"{files} files per epoch in batches of {batch}: {pads} pads"
+    if files and pads <= FUSED_MAX_PAD_SHARE * files:
+        return Because(Graph.FUSED, f"{said}, at most a quarter of the files")
+    return Because(Graph.PER_FILE, f"{said}, over a quarter of the files")
+
+
+def _decode_calls(d: _Draft) -> Because | None:
+    """TF's parallel decode calls: `num_threads`, else `CALLS_PER_CORE` per core for
+    files (TF's threads, one per core, run them; each call writes its image into the
+    batch), one per core for the cache's batches of entries."""
+    if d.engine is Engine.SERVICE:
+        kind = d.env.source_kind
+        if kind is not SourceKind.LOCAL_DISK:  # reads wait on latency
+            return Because(d.o.max_in_flight, f"the workers' reads of a {kind.value} source: "
+                                              f"max_in_flight={d.o.max_in_flight}")
+        return Because(d.o.num_threads, f"num_threads={d.o.num_threads} (None: AUTOTUNE, "
+                                        "each worker's cores)")
+    if d.engine is not Engine.TF_KERNELS:
+        return None
+    if d.o.num_threads:
+        return Because(d.o.num_threads, f"num_threads={d.o.num_threads}")
+    cores = d.env.cores
+    if d.cache_form is not None:  # whole batches of entries per call
+        return Because(cores, f"num_threads=None, the cache's batches: one per core, {cores}")
+    return Because(CALLS_PER_CORE * cores, f"num_threads=None: {CALLS_PER_CORE} per core, "
+                                           f"{cores} core(s)")
+
+
+def _png_binding(d: _Draft) -> Because | None:
+    if not (d.png_where is PngWhere.FEED or d.png_fill is PngDecoder.WUFFS):
+        return None
+    if d.env.png_core:
+        return Because(PngBinding.NATIVE_CORE, "the native core is built")
+    return Because(PngBinding.PYWUFFS, "the native core is not built: pywuffs")
+
+
+def _big_pngs(d: _Draft) -> Because | None:
+    if d.engine is not Engine.DALI or d.dali_input not in (DaliInput.FILES,
+                                                           DaliInput.FILES_OR_RAW):
+        return None
+    if d.device is Device.CPU:
+        return Because(BigPngs.TF_BEFORE_DALI, "on the CPU: TF decodes them as their batch "
+                                               "enters DALI (its decoder's memory)")
+    return Because(BigPngs.DALI, "on a GPU: a branch would hold the mixed decoder, which "
+                                 "DALI's conditionals do not document")
+
+
+_FILE_READERS = (ItemReader.PATHS, ItemReader.RAW_BYTES, ItemReader.PINNED_OR_BYTES)
+
+
 def _checks(d: _Draft) -> tuple[Check, ...]:
     if d.engine is Engine.SERVICE:  # the trainer's tally names every file a worker failed
         return (Check.AUDIT,)
@@ -861,6 +974,15 @@ RULES: tuple[Rule, ...] = (
     _set("dali_input", _dali_input,
          "DALI reads the files, files with raw PNG pixels, or the cache's entries",
          source=True),
+    _set("png_binding", _png_binding, "Wuffs on the feed's threads: the native core where "
+         "built, else pywuffs", source=True),
+    _set("big_pngs", _big_pngs, "DALI's files on the CPU: big PNGs by TF before DALI",
+         source=True),
+    _set("graph", _graph, "TF's kernels over files: fused unless its pads would be over a "
+         "quarter of the epoch's files", source=True),
+    _set("decode_calls", _decode_calls, "TF's kernels: num_threads, else 2 per core (files) "
+         "or 1 (the cache's batches)",
+         source=True),
     _set("checks", _checks, "what guards the decoders, by item reader and on_error",
          source=True),
 )
@@ -901,11 +1023,14 @@ def resolve(options: Options, env: Environment) -> Plan:
     """
     d = _run(options, env, source=True)
     why = dict(d.why)
-    for field in ("png_asked", "handoff_asked", "address"):
+    for field in ("png_asked", "handoff_asked"):
         why.pop(field)
+    why["service_address"] = why.pop("address")
     return Plan(options=options, engine=d.engine, device=d.device, device_id=d.device_id,
                 shard=d.shard, output=options.output, item_reader=d.item_reader,
                 dali_input=d.dali_input, png_epoch=d.png_epoch, png_where=d.png_where,
                 png_fill=d.png_fill, cache_form=d.cache_form, handoff=d.handoff,
-                checks=d.checks, service_address=d.address, notes=tuple(d.notes), why=why,
+                checks=d.checks, graph=d.graph, decode_calls=d.decode_calls,
+                png_binding=d.png_binding, big_pngs=d.big_pngs, service_address=d.address,
+                notes=tuple(d.notes), why=why,
                 facts=env.read())

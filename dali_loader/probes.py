@@ -53,6 +53,20 @@ def wuffs() -> bool:
     return wuffs_available()
 
 
+def png_core() -> bool:
+    """Whether the native PNG core (libdlpng) itself is built and loads (ctypes)."""
+    from dali_loader.decode import png_native
+
+    return png_native.available()
+
+
+def cores() -> int:
+    """CPU cores available to this process."""
+    from dali_loader.decode.dali_graph import default_num_threads
+
+    return default_num_threads()
+
+
 def dali_tf_plugin() -> bool:
     """Whether DALI's TF plugin imports (imports TF and DALI)."""
     from dali_loader.lazy import import_dali_tf
@@ -78,7 +92,8 @@ def source_kind(source: str) -> SourceKind:
 
 
 # The machine's facts, each answered by the probe of the same name in this module.
-MACHINE_FACTS = ("tf_gpus", "dali_gpus", "tf_png_op", "dali_png_op", "wuffs", "dali_tf_plugin")
+MACHINE_FACTS = ("tf_gpus", "dali_gpus", "tf_png_op", "dali_png_op", "wuffs", "png_core",
+                 "dali_tf_plugin", "cores")
 
 
 def environment(source_kind: SourceKind | None = None,

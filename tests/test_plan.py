@@ -17,15 +17,18 @@ import pytest
 
 from dali_loader.plan import (
     RULES,
+    BigPngs,
     Check,
     DaliInput,
     Device,
     Engine,
     Environment,
+    Graph,
     Handoff,
     ItemReader,
     Options,
     Output,
+    PngBinding,
     PngDecoder,
     PngWhere,
     ReadyForm,
@@ -36,15 +39,17 @@ from dali_loader.storage.source import SourceKind
 
 LOCAL, FUSE, URL = SourceKind.LOCAL_DISK, SourceKind.NETWORK_FS, SourceKind.REMOTE
 # The machines: every native decoder built, none built, and GPUs.
-BUILT = dict(tf_png_op=True, dali_png_op=True, wuffs=True, dali_tf_plugin=True)
-BARE = dict(tf_png_op=False, dali_png_op=False, wuffs=False, dali_tf_plugin=False)
-CPU = dict(tf_gpus=0, dali_gpus=0)
-GPU = dict(tf_gpus=1, dali_gpus=2)
+BUILT = dict(tf_png_op=True, dali_png_op=True, wuffs=True, png_core=True, dali_tf_plugin=True)
+BARE = dict(tf_png_op=False, dali_png_op=False, wuffs=False, png_core=False,
+            dali_tf_plugin=False)
+CPU = dict(tf_gpus=0, dali_gpus=0, cores=4)
+GPU = dict(tf_gpus=1, dali_gpus=2, cores=16)
 
 
-def env(machine=CPU, built=BUILT, kind=LOCAL, jpegs=False, pngs=True, **over) -> Environment:
+def env(machine=CPU, built=BUILT, kind=LOCAL, jpegs=False, pngs=True, files=1000,
+        **over) -> Environment:
     return Environment(**{**machine, **built, "source_kind": kind, "has_jpegs": jpegs,
-                          "has_pngs": pngs, **over})
+                          "has_pngs": pngs, "files": files, **over})
 
 
 def plan(env_=None, **options):
@@ -65,8 +70,28 @@ RUNS = [
     # The CPU default: TF's kernels, the native core's TF op where built, else libpng.
     ({}, env(), dict(engine=Engine.TF_KERNELS, device=Device.CPU, item_reader=ItemReader.PATHS,
                      png_epoch=PngDecoder.WUFFS, png_where=PngWhere.TF_OP, handoff=None,
-                     dali_input=None, cache_form=None, png_fill=None,
+                     dali_input=None, cache_form=None, png_fill=None, graph=Graph.FUSED,
+                     decode_calls=8, png_binding=None, big_pngs=None,
                      checks=(Check.PIXEL_LIMIT, Check.AUDIT, Check.CARDINALITY))),
+    # The graph: fused unless its pads (to a whole last batch) are over a quarter of the
+    # files: 1000 files in 32s (24 pads), 64 in 32s (none), 48 (16 pads), 100 (28 pads).
+    (dict(batch_size=32), env(files=64), dict(graph=Graph.FUSED)),
+    (dict(batch_size=32), env(files=48), dict(graph=Graph.PER_FILE)),
+    (dict(batch_size=32), env(files=100), dict(graph=Graph.PER_FILE)),
+    (dict(batch_size=32), env(files=0), dict(graph=Graph.PER_FILE)),
+    (dict(batch_size=None), env(files=512), dict(graph=Graph.FUSED)),  # 32s of single images
+    (dict(batch_size=256), env(files=512), dict(graph=Graph.FUSED)),  # issue 37's tiny cells
+    (dict(batch_size=256), env(files=16), dict(graph=Graph.PER_FILE)),
+    # Sharded: this pipeline's files (2 of 4 batches of 32 here, one of them the last).
+    (dict(batch_size=32, input_context=Ctx(1, 2), seed=1), env(files=100),
+     dict(graph=Graph.PER_FILE)),
+    (dict(batch_size=32, input_context=Ctx(0, 2), seed=1), env(files=100),
+     dict(graph=Graph.FUSED)),
+    (dict(num_threads=3), env(), dict(decode_calls=3)),
+    (dict(gpu_ready=True), env(), dict(graph=None, decode_calls=4,
+                                       png_binding=PngBinding.NATIVE_CORE)),
+    (dict(gpu_ready="raw"), env(built=dict(BUILT, png_core=False)),
+     dict(png_binding=PngBinding.PYWUFFS)),
     ({}, env(built=BARE), dict(png_epoch=PngDecoder.LIBPNG, png_where=PngWhere.TF)),
     ({}, env(kind=FUSE), dict(item_reader=ItemReader.RAW_BYTES)),
     ({}, env(kind=URL), dict(item_reader=ItemReader.PINNED_OR_BYTES)),
@@ -88,6 +113,7 @@ RUNS = [
     (dict(decoder="dali"), env(), dict(
         engine=Engine.DALI, device=Device.CPU, item_reader=ItemReader.CHECKED_BYTES,
         dali_input=DaliInput.FILES, png_epoch=PngDecoder.WUFFS, png_where=PngWhere.DALI_OP,
+        big_pngs=BigPngs.TF_BEFORE_DALI, graph=None, decode_calls=None, png_binding=None,
         handoff=Handoff.GENERATOR, checks=(Check.PIXEL_LIMIT, Check.BYTES, Check.CARDINALITY))),
     (dict(decoder="dali"), env(built=BARE), dict(png_epoch=PngDecoder.LIBPNG,
                                                  png_where=PngWhere.DALI)),
@@ -101,10 +127,12 @@ RUNS = [
     (dict(decoder="dali", handoff="generator"), env(), dict(handoff=Handoff.GENERATOR)),
     # A GPU (TF and DALI both see one): DALI, the host-placed plugin.
     ({}, env(GPU), dict(engine=Engine.DALI, device=Device.GPU, handoff=Handoff.PLUGIN,
-                        png_where=PngWhere.DALI_OP, dali_input=DaliInput.FILES)),
+                        png_where=PngWhere.DALI_OP, dali_input=DaliInput.FILES,
+                        big_pngs=BigPngs.DALI)),
     ({}, env(GPU, jpegs=True), dict(png_epoch=PngDecoder.LIBPNG, png_where=PngWhere.DALI)),
     (dict(png_decoder="wuffs"), env(GPU), dict(png_where=PngWhere.FEED,
-                                               dali_input=DaliInput.FILES_OR_RAW)),
+                                               dali_input=DaliInput.FILES_OR_RAW,
+                                               png_binding=PngBinding.NATIVE_CORE)),
     (dict(png_decoder="wuffs"), env(GPU, jpegs=True), dict(
         png_where=PngWhere.DALI, dali_input=DaliInput.FILES,
         item_reader=ItemReader.CHECKED_BYTES)),
@@ -117,8 +145,8 @@ RUNS = [
     (dict(handoff="plugin-gpu"), env(GPU), dict(handoff=Handoff.PLUGIN_GPU)),
     ({}, env(GPU, dali_tf_plugin=False), dict(handoff=Handoff.GENERATOR)),
     # Only DALI sees a GPU (TF's CPU build): the CPU.
-    ({}, env(dict(tf_gpus=0, dali_gpus=1)), dict(engine=Engine.TF_KERNELS, device=Device.CPU)),
-    ({}, env(dict(tf_gpus=1, dali_gpus=0)), dict(engine=Engine.TF_KERNELS, device=Device.CPU)),
+    ({}, env(dict(CPU, dali_gpus=1)), dict(engine=Engine.TF_KERNELS, device=Device.CPU)),
+    ({}, env(dict(CPU, tf_gpus=1)), dict(engine=Engine.TF_KERNELS, device=Device.CPU)),
     # The GPU-ready cache: compact entries on every path (the native op decodes them),
     # raw ones when asked, TIFF for DALI; fills by Wuffs.
     (dict(gpu_ready=True), env(), dict(
@@ -186,19 +214,21 @@ def test_the_cpu_default_probes_no_gpu_and_no_dali():
     """device="cpu": no GPU is probed; the TF path reads only the TF op and the source's
     kind and PNGs."""
     p = resolve(Options(device="cpu"), Environment(tf_png_op=True, source_kind=LOCAL,
-                                                   has_pngs=True))
+                                                   has_pngs=True, files=9, cores=2))
     assert p.engine is Engine.TF_KERNELS and p.png_where is PngWhere.TF_OP
 
 
 def test_device_none_asks_tf_first_and_dali_only_when_tf_sees_a_gpu():
-    e = Environment(tf_gpus=0, tf_png_op=False, source_kind=LOCAL, has_pngs=True)  # no dali_gpus
+    e = Environment(tf_gpus=0, tf_png_op=False, source_kind=LOCAL, has_pngs=True, files=9,
+                    cores=2)  # no dali_gpus
     assert resolve(Options(), e).device is Device.CPU
-    assert e.read() == {"tf_gpus": 0, "tf_png_op": False, "source_kind": LOCAL, "has_pngs": True}
+    assert e.read() == {"tf_gpus": 0, "tf_png_op": False, "cores": 2, "source_kind": LOCAL,
+                        "files": 9, "has_pngs": True}
 
 
 def test_numpy_batches_never_ask_tensorflow():
     e = Environment(dali_gpus=0, dali_png_op=True, source_kind=LOCAL, has_jpegs=False,
-                    has_pngs=True)
+                    has_pngs=True, files=9)
     assert resolve(Options(output=Output.NUMPY), e).device is Device.CPU
 
 
@@ -232,7 +262,7 @@ def test_an_unknown_fact_or_a_missing_one_is_an_error():
 def test_a_fact_is_probed_once():
     calls = []
     e = Environment(tf_gpus=lambda: calls.append(1) or 0, tf_png_op=True, source_kind=LOCAL,
-                    has_pngs=True)
+                    has_pngs=True, files=9, cores=2)
     resolve(Options(), e)
     resolve(Options(), e)
     assert calls == [1]

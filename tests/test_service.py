@@ -61,7 +61,7 @@ def test_graph_dataset_is_bit_exact_with_keras(id_tree, label_mode, options, bat
                      options.get("crop_to_aspect_ratio", False),
                      options.get("pad_to_aspect_ratio", False))
     ds = graph_dataset(index, spec, batch_size, label_mode, 2, seed=1, shuffle=False,
-                       on_error="raise", max_in_flight=4, num_threads=2)
+                       on_error="raise", parallel=2)
     assert ds.element_spec == ref.element_spec
     assert int(ds.cardinality()) == int(ref.cardinality())
     got, want = list(ds.as_numpy_iterator()), list(ref.as_numpy_iterator())
@@ -77,7 +77,7 @@ def test_graph_dataset_new_order_each_epoch_same_for_a_seed(id_tree):
 
     def orders(seed):
         ds = graph_dataset(index, spec, 4, "int", 2, seed=seed, shuffle=True, on_error="raise",
-                           max_in_flight=4, num_threads=2)
+                           parallel=2)
         return [elements(ds) for _ in range(2)]
 
     a, b = orders(7), orders(7)
@@ -93,7 +93,7 @@ def test_graph_dataset_unreadable_file_is_one_bad_element(id_tree):
     index = type(index)(index.paths + [gone], np.append(index.labels, 0).astype(np.int32),
                         index.class_names)
     ds = graph_dataset(index, ImageSpec(*SIZE), 4, "int", 2, seed=1, shuffle=True,
-                       on_error="skip", max_in_flight=4, num_threads=2)
+                       on_error="skip", parallel=2)
     assert sorted(elements(ds)) == sorted(keras_elements(id_tree))
     [count] = ds.tally.epochs()
     assert (count.delivered, count.skipped, count.missing, count.repeated) == (23, 1, 0, 0)

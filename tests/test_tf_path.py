@@ -10,7 +10,9 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 
+from dali_loader import plan as plan_mod  # noqa: E402
 from dali_loader.feed.epochs import FeedEpoch  # noqa: E402
+from dali_loader.plan import Graph, ItemReader  # noqa: E402
 from support import pythonpath  # noqa: E402
 from support.pngs import encode_png  # noqa: E402
 from dali_loader.tfdata import tf_path as tf_path_mod  # noqa: E402
@@ -19,11 +21,17 @@ from tf_adapter import image_dataset_from_directory as ours  # noqa: E402
 pytestmark = pytest.mark.timeout(300)
 
 
-@pytest.fixture(params=["fused", "per_file"])
+def force_graph(monkeypatch, graph: Graph) -> Graph:
+    """The plan's graph whatever the folder's size (its `_graph` rule's pad share)."""
+    monkeypatch.setattr(plan_mod, "FUSED_MAX_PAD_SHARE",
+                        float("inf") if graph is Graph.FUSED else -1.0)
+    return graph
+
+
+@pytest.fixture(params=list(Graph), ids=[g.value for g in Graph])
 def batching(request, monkeypatch):
-    """Both graphs of the TF path, whatever the folder's size (`Batching.of`)."""
-    monkeypatch.setattr(tf_path_mod, "FUSED_FROM_BATCHES", 0 if request.param == "fused" else 10**9)
-    return tf_path_mod.Batching(request.param)
+    """Both graphs of the TF path, whatever the folder's size."""
+    return force_graph(monkeypatch, request.param)
 
 
 def _tree(root, n: int, bad: tuple[int, ...] = ()) -> None:
@@ -82,9 +90,16 @@ def test_bad_files_anywhere_are_named_and_the_rest_delivered_once(tmp_path, monk
     order, with its label, though each bad file's whole batch dropped out of TF's
     fused decode (or each file alone, per file); with TF reading the paths, and
     with the graph that reads a file from an offset or takes its bytes."""
-    if graph_reads != "paths":
-        monkeypatch.setattr(tf_path_mod._Reads, "of",
-                            classmethod(lambda cls, items: cls.PINNED_OR_BYTES))
+    if graph_reads != "paths":  # the plan's reader for URLs, over the local folder
+        import dataclasses
+
+        import tf_adapter.dataset as adapter_mod
+        from dali_loader import api
+
+        plan_for = api.plan_for
+        monkeypatch.setattr(api, "plan_for", lambda *a: dataclasses.replace(
+            plan_for(*a), item_reader=ItemReader.PINNED_OR_BYTES))
+        assert adapter_mod.build is api.build
     n = 300
     bad = (0, 2, 1, 150, 151, 297, 299)  # c0: first two; c1: first, mid, last two
     _tree(tmp_path / "data", n, bad)
@@ -103,18 +118,8 @@ def test_bad_files_anywhere_are_named_and_the_rest_delivered_once(tmp_path, monk
         assert labels == [i % 2 for i in ids]
     assert sorted(reads.skipped) == sorted(str(tmp_path / "data" / f"c{i % 2}" / f"{i:04d}.png")
                                            for i in bad)
-    assert (tf_path_mod._Reads.of(reads.engine.items) is tf_path_mod._Reads.PATHS) == (
-        graph_reads == "paths")
-
-
-def test_remote_style_reads_keep_offsets(tmp_path):
-    """`_Reads.of`: local paths are read by TF; bytes need no read; only pinned
-    cache files carry an offset (the graph branches per element there only)."""
-    from dali_loader.feed.items import Paths, PinnedOrBytes, RawBytes
-
-    assert tf_path_mod._Reads.of(Paths([])) is tf_path_mod._Reads.PATHS
-    assert tf_path_mod._Reads.of(RawBytes(None)) is tf_path_mod._Reads.BYTES
-    assert tf_path_mod._Reads.of(PinnedOrBytes(None)) is tf_path_mod._Reads.PINNED_OR_BYTES
+    assert _tf_epochs(ds).reads is (ItemReader.PATHS if graph_reads == "paths"
+                                    else ItemReader.PINNED_OR_BYTES)
 
 
 def test_headers_are_read_once_per_file_while_they_pass(tmp_path, monkeypatch):
@@ -182,8 +187,8 @@ TAIL = r"""
 import sys
 import numpy as np
 from tf_adapter import image_dataset_from_directory
-from dali_loader.tfdata import tf_path
-tf_path.FUSED_FROM_BATCHES = int(sys.argv[2])
+from dali_loader import plan
+plan.FUSED_MAX_PAD_SHARE = float(sys.argv[2])
 ds = image_dataset_from_directory(sys.argv[1], image_size=(4, 4), batch_size=16, shuffle=False,
                                   on_error="skip", verbose=False)
 for _ in range(2):
@@ -192,8 +197,8 @@ for _ in range(2):
 """
 
 
-@pytest.mark.parametrize("fused_from", [0, 10**9])
-def test_a_recovered_batch_and_the_padded_tail_log_no_tf_errors(tmp_path, fused_from):
+@pytest.mark.parametrize("pad_share", ["inf", "-1"], ids=["fused", "per-file"])
+def test_a_recovered_batch_and_the_padded_tail_log_no_tf_errors(tmp_path, pad_share):
     """A dropped batch put back and the last files' batch less its pads are new
     tensors, not slices of the batch: TF logs no error lines about them (a slice
     alone made "Tensor RefCount not reliable" errors, four per epoch)."""
@@ -205,7 +210,7 @@ def test_a_recovered_batch_and_the_padded_tail_log_no_tf_errors(tmp_path, fused_
 
     _tree(tmp_path, 40, bad=(5,))
     env = dict(os.environ, PYTHONPATH=pythonpath(), TF_CPP_MIN_LOG_LEVEL="0")
-    out = subprocess.run([sys.executable, "-c", TAIL, str(tmp_path), str(fused_from)], env=env,
+    out = subprocess.run([sys.executable, "-c", TAIL, str(tmp_path), pad_share], env=env,
                          cwd=REPO,
                          capture_output=True, text=True, timeout=300)
     expected = sorted((i for i in range(40) if i != 5), key=lambda i: (i % 2, i))
@@ -236,22 +241,23 @@ def test_a_file_skipped_once_is_decoded_alone_in_later_epochs(tmp_path, monkeypa
         calls.clear()
         assert _ids(ds)[0] == expected
         per_epoch.append(len(calls))
-    assert per_epoch == ([16, 1, 1] if batching is tf_path_mod.Batching.FUSED else [1, 1, 1])
+    assert per_epoch == ([16, 1, 1] if batching is Graph.FUSED else [1, 1, 1])
     assert list(ds.loader.skipped) == [str(tmp_path / "c0" / "0004.png")]
 
 
 @pytest.mark.parametrize("batch_size,files,expected", [
-    (16, 63, "per_file"), (16, 64, "fused"), (None, 127, "per_file"), (None, 128, "fused"),
-    (128, 511, "per_file"), (128, 512, "fused")])
-def test_the_graph_is_fused_from_four_batches_per_epoch(tmp_path, batch_size, files, expected):
-    """`Batching.of`: the fused op from `FUSED_FROM_BATCHES` batches of files per
-    epoch on (its pads and audit cost a few ms per epoch that small folders feel),
-    per file below; both deliver the same batches."""
+    (16, 36, "per-file"), (16, 48, "fused"), (16, 20, "per-file"), (16, 61, "fused"),
+    (None, 40, "per-file"), (None, 128, "fused"), (128, 256, "fused"), (128, 300, "per-file")])
+def test_the_graph_is_fused_unless_its_pads_are_over_a_quarter(tmp_path, batch_size, files,
+                                                               expected):
+    """The plan's `graph`: the fused op unless its pads (to fill the last files' batch)
+    would be over a quarter of the epoch's files (each costs about a decode), per file
+    there; both deliver the same batches."""
     _tree(tmp_path, files)
     ds = ours(str(tmp_path), image_size=(4, 4), batch_size=batch_size, shuffle=False,
               verbose=False)
     epochs = _tf_epochs(ds)
-    assert epochs.batching is tf_path_mod.Batching(expected)
+    assert epochs.batching is Graph(expected) is ds.loader.plan.graph
     names = set()
     _walk(ds, lambda d: names.add(type(d).__name__))
     assert any("MapAndBatch" in n for n in names) == (expected == "fused")
@@ -272,13 +278,13 @@ def _tf_epochs(ds):
     return found[0]
 
 
-@pytest.mark.parametrize("fused_from", [0, 10**9])
-def test_every_function_of_the_tf_path_is_single_device(tmp_path, monkeypatch, fused_from):
+@pytest.mark.parametrize("graph", list(Graph), ids=[g.value for g in Graph])
+def test_every_function_of_the_tf_path_is_single_device(tmp_path, monkeypatch, graph):
     """Issue 29: each tf.data function is instantiated again for every iterator,
     a multi-device one with grappler's pass (3-4 ms each). Every function of the
     TF path carries the single-device attribute, and the pipeline keeps TF's
     `inject_prefetch` pass, which would refuse them, off."""
-    monkeypatch.setattr(tf_path_mod, "FUSED_FROM_BATCHES", fused_from)
+    force_graph(monkeypatch, graph)
     _tree(tmp_path, 20)
     ds = ours(str(tmp_path), image_size=(4, 4), batch_size=4, verbose=False)
     funcs = []
@@ -341,3 +347,20 @@ def test_slack_needs_the_single_device_maps_off(tmp_path, monkeypatch):
     monkeypatch.setenv(single_device.ENV, "0")
     ds = ours(str(tmp_path), image_size=(4, 4), batch_size=4, verbose=False)
     assert sorted(_ids(ds.with_options(slack))[0]) == list(range(20))
+
+
+def test_each_datasets_plan_records_what_runs(tmp_path):
+    """Issue 39: `ds.loader.plan` is the plan of that dataset: the seed drawn when
+    none was passed, the validation subset unshuffled, its own files' graph."""
+    _tree(tmp_path, 100)
+    drawn = ours(str(tmp_path), image_size=(4, 4), batch_size=16, seed=None, verbose=False)
+    assert isinstance(drawn.loader.plan.options.seed, int)
+    train, val = ours(str(tmp_path), image_size=(4, 4), batch_size=16, validation_split=0.2,
+                      subset="both", seed=3, verbose=False)
+    tp, vp = train.loader.plan, val.loader.plan
+    assert tp.options.seed == vp.options.seed == 3
+    assert (tp.options.shuffle, vp.options.shuffle) == (True, False)
+    # 80 files in 16s: no pads, fused; 20: 12 pads, per file.
+    assert (tp.graph, vp.graph) == (Graph.FUSED, Graph.PER_FILE)
+    assert "80 files per epoch" in tp.why["graph"] and "20 files" in vp.why["graph"]
+    assert tp.decode_calls >= 2 and "graph" in tp.format() and "decode_calls" in tp.format()

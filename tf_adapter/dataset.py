@@ -10,16 +10,12 @@ CPU (`dali_loader.tfdata` says why), with one Python call per batch.
 
 from __future__ import annotations
 
-import numpy as np
 
-from dali_loader import probes
-from dali_loader.api import open_index
+from dali_loader.api import build, open_listed
 from dali_loader.decode.spec import INTERPOLATIONS, ImageSpec, channels_for
 from dali_loader.index import ALLOWLIST_FORMATS, split
-from dali_loader.plan import DEFAULT_MAX_PIXELS, Engine, Options, check, resolve
+from dali_loader.plan import DEFAULT_MAX_PIXELS, Options
 from dali_loader.storage.manifest import describe_age
-from dali_loader.tfdata.dataset import make_loader, to_tf_dataset
-from dali_loader.tfdata.service import service_dataset
 
 
 def _check_args(labels, label_mode, class_names, color_mode, image_size,
@@ -234,23 +230,15 @@ def image_dataset_from_directory(
         max_in_flight=max_in_flight, cache_max_bytes=cache_max_bytes, max_pixels=max_pixels,
         manifest=manifest, input_context=input_context, batch_size=batch_size,
         shuffle=shuffle, seed=seed)
-    env = probes.environment()
-    check(options, env)  # every refusal of the loader's options, before listing
     if pad_to_aspect_ratio and crop_to_aspect_ratio:
         raise ValueError(
             "Only one of `pad_to_aspect_ratio`, `crop_to_aspect_ratio`"
             " can be set to `True`."
         )
-    if seed is None:
-        seed = np.random.randint(1e6)
-    source, index = open_index(
-        str(directory), labels=labels, class_names=class_names, shuffle=shuffle, seed=seed,
-        follow_links=follow_links, cache_dir=cache_dir, cache_max_bytes=cache_max_bytes,
-        max_in_flight=max_in_flight, require_files=False, manifest=manifest,
-    )
-    plan = resolve(options, env.with_source(source.kind, index.paths))
-    probes.say_notes(plan)
-    probes.share_gpu(plan)
+    # Every refusal of the loader's options before listing; the seed drawn as Keras does.
+    listed = open_listed(str(directory), options, labels=labels, class_names=class_names,
+                         follow_links=follow_links, cache_dir=cache_dir, require_files=False)
+    source, index = listed.source, listed.index
     if verbose:
         if index.labels is None:
             print(f"Found {len(index)} files.")
@@ -275,18 +263,9 @@ def image_dataset_from_directory(
     num_classes = len(class_names) if class_names else 0
 
     def make(sub_index, sub_shuffle):
-        paths = list(sub_index.paths)
-        if plan.engine is Engine.SERVICE:
-            ds = service_dataset(
-                sub_index, spec, batch_size, label_mode, num_classes, service=service,
-                address=plan.service_address, seed=seed, shuffle=sub_shuffle,
-                on_error=on_error, max_in_flight=max_in_flight, num_threads=num_threads)
-            ds.class_names, ds.file_paths = class_names, paths
-            return ds
-        loader = make_loader(source, sub_index, spec, plan, batch_size=batch_size or 32,
-                             shuffle=sub_shuffle, seed=seed)
-        return to_tf_dataset(loader, spec, batch_size, label_mode, num_classes,
-                             attributes={"class_names": class_names, "file_paths": paths})
+        return build(listed, sub_index, spec, shuffle=sub_shuffle, label_mode=label_mode,
+                     num_classes=num_classes, attributes={"class_names": class_names,
+                                                          "file_paths": list(sub_index.paths)})
 
     def no_images(what=""):
         return ValueError(

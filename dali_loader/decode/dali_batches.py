@@ -185,13 +185,22 @@ class DaliBatches:
             decoder (`dali_graph.image_graph`); each epoch counts `png_native`,
             the PNGs it decoded.
         max_pixels: The operator's pixel limit (the feed's checks apply it first).
+        host_pixels: Big PNGs are decoded by TF before DALI (`HostPixels`; the
+            plan's `big_pngs`: on the CPU, for the files). On a GPU, DALI's
+            decoder keeps them: with JPEGs the branch would hold the `mixed`
+            decoder, which DALI's conditionals documentation does not show
+            (linked in `dali_graph._input_pixels`), and no GPU has run the branch.
     """
 
     def __init__(self, feed: Feed, spec: ImageSpec, *, device: str = "cpu",
                  num_threads: int | None = None, device_id: int = 0,
-                 input: Input = Input.FILES, png_native: bool = False, max_pixels: int | None = None):
+                 input: Input = Input.FILES, png_native: bool = False,
+                 max_pixels: int | None = None, host_pixels: bool = False):
         if device not in ("cpu", "gpu"):
             raise ValueError(f'`device` must be "cpu" or "gpu". Received: device={device}')
+        if host_pixels and (device != "cpu" or input not in (Input.FILES, Input.FILES_OR_RAW)):
+            raise ValueError("Big PNGs are decoded before DALI on the CPU, for the files. "
+                             f"Received: host_pixels=True, device={device}, input={input}")
         if png_native and input is not Input.FILES:
             raise ValueError("The native PNG operator decodes the files (Input.FILES). "
                              f"Received: input={input}, png_native=True")
@@ -203,6 +212,7 @@ class DaliBatches:
         self.input = input
         self.png_native = png_native
         self.max_pixels = max_pixels
+        self.host_pixels = host_pixels
         self.batch_size = feed.chunk_size
         self.pipeline_builds = 0
         # Per epoch, bounded: feed epoch start and pipeline checkout (or build).
@@ -245,15 +255,6 @@ class DaliBatches:
         return -(-self.feed.num_files // self.batch_size)
 
     # -- pipelines ---------------------------------------------------------
-    @property
-    def host_pixels(self) -> bool:
-        """Whether big PNGs are decoded by TF before DALI (`HostPixels`): on the
-        CPU, for the files (`Input.FILES`, `Input.FILES_OR_RAW`). On a GPU, DALI's
-        decoder keeps them: with JPEGs the branch would hold the `mixed` decoder,
-        which DALI's conditionals documentation does not show (linked in
-        `dali_graph._input_pixels`), and no GPU has run the branch."""
-        return self.device == "cpu" and self.input in (Input.FILES, Input.FILES_OR_RAW)
-
     def _build(self) -> tuple[object, _Slot]:
         host = HostPixels(self.spec.channels) if self.host_pixels else None
         slot = _Slot(raw=self.input is Input.READY_RAW, host=host)

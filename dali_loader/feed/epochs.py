@@ -99,9 +99,9 @@ class Feed:
         self.on_error = check_on_error(on_error)
         self.max_in_flight = positive_int("max_in_flight", max_in_flight)
         self.report = SkipReport()
-        # Who decodes PNGs downstream (a png_stage.PngDecoder), set by the
-        # dataset's make_loader for the TF path's graph; None: TF's decoder.
-        self.png_decoder = None
+        # The `plan.Plan` this feed was built from (set by `make_loader`): the TF
+        # path's graph reads which graph, reads, decode calls and PNG decoder run.
+        self.plan = None
         self._started = 0
         self._next = 0  # the next iteration's epoch number
         self._lock = threading.Lock()

@@ -39,10 +39,12 @@ from dali_loader.index import Index
 from dali_loader.lazy import import_tf
 from dali_loader.plan import (
     DEFAULT_MAX_PIXELS,
+    BigPngs,
     Engine,
     ItemReader,
     Options,
     Plan,
+    PngBinding,
     PngWhere,
     resolve,
 )
@@ -75,7 +77,8 @@ def make_loader(source: Source, index: Index, spec: ImageSpec, plan: Plan | None
     kw = dict(shuffle=shuffle, seed=seed, on_error=o.on_error, max_in_flight=o.max_in_flight,
               source=source, batch_size=batch_size, shard=plan.shard)
     # Wuffs on the feed's threads: the DALI path's raw PNG entries, GPU-ready fills.
-    pixels = (KerasPixels(spec.channels, o.num_threads or default_num_threads(), o.max_pixels)
+    pixels = (KerasPixels(spec.channels, o.num_threads or default_num_threads(), o.max_pixels,
+                          native=plan.png_binding is PngBinding.NATIVE_CORE)
               if plan.feed_pixels else None)
     if plan.cache_form is not None:
         ready = ready_cache(source, plan.cache_form, spec.channels, pixels, o.max_pixels)
@@ -91,7 +94,8 @@ def make_loader(source: Source, index: Index, spec: ImageSpec, plan: Plan | None
             items = CheckedBytes(source, rgba=spec.channels == 4, max_pixels=o.max_pixels)
         feed = Feed(index, items, chunk_size=batch_size, **kw)
         loader = DaliBatches(feed, spec, png_native=plan.png_where is PngWhere.DALI_OP,
-                             max_pixels=o.max_pixels, **dali)
+                             max_pixels=o.max_pixels,
+                             host_pixels=plan.big_pngs is BigPngs.TF_BEFORE_DALI, **dali)
     elif reader is ItemReader.READY_PINNED:  # whole batches of entries, resized as one tensor
         loader = Feed(index, ReadyPinned(ready, index.paths), chunk_size=batch_size, **kw)
     elif reader is ItemReader.READY_BYTES:  # compact entries: whole batches for the TF op
@@ -104,8 +108,6 @@ def make_loader(source: Source, index: Index, spec: ImageSpec, plan: Plan | None
         items = {ItemReader.RAW_BYTES: RawBytes, ItemReader.PINNED_OR_BYTES: PinnedOrBytes}[reader]
         loader = Feed(index, items(source, o.max_pixels), chunk_size=min(batch_size, TF_CHUNK),
                       **kw)
-    if plan.engine is Engine.TF_KERNELS:
-        loader.png_decoder = plan.png_epoch  # WUFFS: the graph decodes PNGs with the native op
     loader.plan = plan
     return loader
 
@@ -159,7 +161,7 @@ def to_tf_dataset(loader: DaliBatches | Feed, spec: ImageSpec, batch_size: int |
     """
     tf = import_tf()
     plan: Plan = loader.plan
-    num_threads = plan.options.num_threads
+    calls = plan.decode_calls  # TF's parallel decodes (num_threads, or by the cores)
     which = (epoch, start_step)
     audits = None
     if plan.handoff is not None and plan.handoff.plugin:
@@ -171,11 +173,11 @@ def to_tf_dataset(loader: DaliBatches | Feed, spec: ImageSpec, batch_size: int |
             ds = dali_dataset(tf, loader, spec, batch_size, which)
             feed = loader.feed
         elif plan.item_reader in (ItemReader.READY_PINNED, ItemReader.READY_BYTES):
-            ds = ready_dataset(tf, loader, spec, batch_size, num_threads, which,
+            ds = ready_dataset(tf, loader, spec, batch_size, calls, which,
                                compact=plan.cache_form is ReadyForm.COMPACT)
             feed = loader
         else:  # Keras's labels made in the audit's own map: one function fewer per iterator
-            ds, audits = tf_kernel_dataset(tf, loader, spec, batch_size, num_threads, which,
+            ds, audits = tf_kernel_dataset(tf, loader, spec, batch_size, which,
                                            labelled)
             feed = loader
             labelled = None

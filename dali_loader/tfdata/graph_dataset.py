@@ -12,9 +12,9 @@ source can, under `distributed_epoch`; issue 18).
 
 Worker side (`worker_dataset`): read, decode and resize with the ops of
 Keras's loader (`decode.tf_kernels.decode_like_keras`, bit-exact), one guarded
-step per file, `max_in_flight` at once for remote or FUSE/network files (reads
-wait on latency), else `num_threads` (default AUTOTUNE: each worker's cores);
-batch into transfer batches. A file that fails to read or decode
+step per file, the plan's `decode_calls` at once (`max_in_flight` for remote or
+FUSE/network files, whose reads wait on latency, else `num_threads`, by default
+AUTOTUNE: each worker's cores); batch into transfer batches. A file that fails to read or decode
 becomes a zero image flagged `ok=False` (one element per position, always),
 never an error in the worker: the trainer decides (`on_error`).
 
@@ -34,8 +34,6 @@ from dali_loader.decode.spec import ImageSpec
 from dali_loader.decode.tf_kernels import decode_like_keras, labels_like_keras
 from dali_loader.index import Index
 from dali_loader.lazy import import_tf
-from dali_loader.storage.local import on_network_fs
-from dali_loader.storage.urls import is_remote
 from dali_loader.tfdata.epoch_tally import EpochTally
 
 TRANSFER_BATCH = 32  # elements per worker batch when the dataset is unbatched (batch_size=None)
@@ -44,15 +42,6 @@ TRANSFER_BATCH = 32  # elements per worker batch when the dataset is unbatched (
 def epoch_keys(tf, seed: int):
     """One int64 per iteration, a new one each `iter()`, the same sequence for a `seed`."""
     return tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True).take(1)
-
-
-def slow_reads(paths: list[str]) -> bool:
-    """True when the files are remote (gs://...) or on a FUSE/network mount: reads
-    then wait on latency and need `max_in_flight` of them at once."""
-    if not paths:
-        return False
-    first = paths[0]
-    return is_remote(first) or on_network_fs(os.path.dirname(first))
 
 
 def worker_dataset(tf, paths, labels, key, spec: ImageSpec, *, seed: int, shuffle: bool,
@@ -106,10 +95,12 @@ def worker_dataset(tf, paths, labels, key, spec: ImageSpec, *, seed: int, shuffl
 
 def graph_dataset(index: Index, spec: ImageSpec, batch_size: int | None, label_mode: str | None,
                   num_classes: int, *, seed: int, shuffle: bool, on_error: str,
-                  max_in_flight: int, num_threads: int | None, distribute=None):
+                  parallel: int | None = None, distribute=None):
     """Keras's dataset from a graph with no Python in its element path.
 
     Args:
+        parallel: Reads and decodes in flight: the plan's `decode_calls`
+            (`max_in_flight` where reads wait on latency), None: AUTOTUNE.
         distribute: None (the graph runs in this process) or a function
             `dataset -> dataset` run on each epoch's worker dataset (the
             tf.data service: `tfdata.service.distributor`).
@@ -127,7 +118,6 @@ def graph_dataset(index: Index, spec: ImageSpec, batch_size: int | None, label_m
     labels = tf.constant(label_values, tf.int32, shape=(n,))
     tally = EpochTally(list(index.paths), on_error)
     transfer = batch_size or TRANSFER_BATCH
-    parallel = max_in_flight if slow_reads(index.paths) else num_threads
 
     def epoch(key):
         ds = worker_dataset(tf, paths, labels, key, spec, seed=seed, shuffle=shuffle,

@@ -62,14 +62,14 @@ def distributor(service: str, *, compression: str | None = "AUTO", tf=None):
     return apply
 
 
-def service_dataset(index, spec, batch_size, label_mode, num_classes, *, service: str,
-                    address: tuple[str, int], seed: int, shuffle: bool, on_error: str,
-                    max_in_flight: int, num_threads: int | None, compression: str | None = "AUTO"):
-    """`graph_dataset` read from the tf.data service at `service` (checked reachable first)."""
+def service_dataset(index, spec, batch_size, label_mode, num_classes, plan,
+                    compression: str | None = "AUTO"):
+    """`graph_dataset` read from the tf.data service the plan names (checked reachable
+    first), with its seed, shuffle, `on_error` and reads in flight (`decode_calls`)."""
     from dali_loader.tfdata.graph_dataset import graph_dataset
 
-    check_reachable(*address)
-    return graph_dataset(index, spec, batch_size, label_mode, num_classes, seed=seed,
-                         shuffle=shuffle, on_error=on_error, max_in_flight=max_in_flight,
-                         num_threads=num_threads,
-                         distribute=distributor(service, compression=compression))
+    o = plan.options
+    check_reachable(*plan.service_address)
+    return graph_dataset(index, spec, batch_size, label_mode, num_classes, seed=o.seed,
+                         shuffle=o.shuffle, on_error=o.on_error, parallel=plan.decode_calls,
+                         distribute=distributor(o.service, compression=compression))

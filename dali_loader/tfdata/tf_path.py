@@ -7,14 +7,14 @@ ops of Keras's `_load_image_tf`: bit-identical to Keras, for every option.
 
 Every element carries a key (its iteration's token and its position), and the
 audit (`audit`) checks the keys that survive against what the iteration emitted:
-a file TF drops is named, never lost. Two graphs, by files per epoch (`Batching`):
-- FUSED, from a few batches on: the decode and the batch as one op, as in Keras's
+a file TF drops is named, never lost. Two graphs, as the plan says (`plan.Graph`):
+- FUSED, where its pads are at most a quarter of the files: the decode and the batch as one op, as in Keras's
   own pipeline (TF's `map_and_batch`). A batch holding a file TF rejects is
   dropped whole by `ignore_errors()`; the audit decodes that batch's files again
   eagerly, delivers those that decode, in order, and names the others. The end
   marker has a batch of its own (pads fill the last files' batch); neither is
   read or decoded.
-- PER_FILE, below: the decode as a map, `ignore_errors()` per file, then the
+- PER_FILE, elsewhere: the decode as a map, `ignore_errors()` per file, then the
   batch; the end marker, a valid tiny PNG, rides through the decode. No pads,
   which on a folder of a few batches cost more than the fusion saves.
 Each iterator runs its own generator (`generators`): one independent epoch each.
@@ -22,7 +22,6 @@ Each iterator runs its own generator (`generators`): one independent epoch each.
 
 from __future__ import annotations
 
-import enum
 import itertools
 import os
 import struct
@@ -31,7 +30,6 @@ from collections.abc import Callable
 
 import numpy as np
 
-from dali_loader.decode.dali_graph import default_num_threads
 from dali_loader.decode.spec import ImageSpec
 from dali_loader.decode.tf_kernels import (
     decode_like_keras,
@@ -42,9 +40,9 @@ from dali_loader.decode.tf_kernels import (
 )
 from dali_loader.errors import CorruptImageError, UnresizableImageError
 from dali_loader.feed.epochs import Feed
-from dali_loader.feed.items import Paths, Pinned, RawBytes, read_bytes
+from dali_loader.feed.items import Pinned, read_bytes
 from dali_loader.malloc import keep_read_buffers
-from dali_loader.plan import PngDecoder
+from dali_loader.plan import Graph, ItemReader, Plan, PngWhere
 from dali_loader.tf_internals import either
 from dali_loader.tfdata.audit import END, AuditRegistry, Auditor
 from dali_loader.tfdata.generators import Generators as _Generators
@@ -62,7 +60,6 @@ TF_CHUNK_RAMP = 2  # the ramp's shift per call: x4
 KEY_STRIDE = 1 << 40  # a TF-path element's key: its iteration's token, then its position
 MARKER = KEY_STRIDE - 1  # the end marker's position in a key
 PAD = KEY_STRIDE - 2  # a pad's: fills the last files' batch, so that the marker's is its own
-FUSED_FROM_BATCHES = 4  # `Batching.of`: measured in docs/benchmarks.md (issue 29)
 
 
 def _tiny_png() -> bytes:
@@ -90,41 +87,6 @@ def _as_string_and_offset(item) -> tuple[bytes, int]:
     return item, -1
 
 
-class _Reads(enum.Enum):
-    """How the TF path's graph gets a file's bytes, by the feed's item reader
-    (one graph per dataset: no per-element branch where there is one kind)."""
-
-    PATHS = "paths"  # a local path (`Paths`): TF reads the file
-    BYTES = "bytes"  # the bytes themselves (`RawBytes`)
-    PINNED_OR_BYTES = "pinned_or_bytes"  # a pinned cache file from an offset, or bytes
-
-    @classmethod
-    def of(cls, items) -> _Reads:
-        if isinstance(items, Paths) and os.path.isfile(END_MARKER_FILE):
-            return cls.PATHS
-        return cls.BYTES if type(items) is RawBytes else cls.PINNED_OR_BYTES
-
-
-class Batching(enum.Enum):
-    """How the TF path's graph decodes and batches (`Batching.of`: by files per epoch).
-
-    FUSED: TF's one `map_and_batch` op, as Keras's own pipeline runs after
-    grappler: less CPU and fewer thread hand-offs per image; a failing file drops
-    its whole batch, which the audit decodes again; pads and a branch on the key
-    keep the end marker alone in its batch. PER_FILE: the decode as a map,
-    `ignore_errors()` per file, then the batch; no pads (up to a batch less one
-    per epoch, about 70 µs each), which below a few batches cost more than the
-    fusion saves (docs/benchmarks.md, issue 29)."""
-
-    FUSED = "fused"
-    PER_FILE = "per_file"
-
-    @classmethod
-    def of(cls, files: int, batch: int) -> Batching:
-        """FUSED from `FUSED_FROM_BATCHES` batches of files per epoch on."""
-        return cls.FUSED if files >= FUSED_FROM_BATCHES * batch else cls.PER_FILE
-
-
 class _TFKernelEpochs:
     """What the TF path's generator and audit call: one `Auditor` per iterator.
 
@@ -134,14 +96,14 @@ class _TFKernelEpochs:
     audit, not carried per element."""
 
     def __init__(self, tf, feed: Feed, spec: ImageSpec, which: tuple[int | None, int],
-                 batch: int, batching: Batching):
+                 batch: int, plan: Plan):
         self.tf = tf
         self.feed = feed
         self.spec = spec
         self.which = which
         self.batch = batch
-        self.batching = batching
-        self.reads = _Reads.of(feed.items)
+        self.batching = plan.graph
+        self.reads = _reads(plan.item_reader)
         self.registry = AuditRegistry()
         self.generators = _Generators(self.epoch)
         labels = feed.index.labels
@@ -185,9 +147,9 @@ class _TFKernelEpochs:
 
     def _files(self, items: list) -> tuple:
         """The element's file components for a chunk's items."""
-        if self.reads is _Reads.PATHS:  # as the OS spells them: any name, UTF-8 or not
+        if self.reads is ItemReader.PATHS:  # as the OS spells them: any name, UTF-8 or not
             return ([os.fsencode(p) for p in items],)
-        if self.reads is _Reads.BYTES:
+        if self.reads is ItemReader.RAW_BYTES:
             return (items,)
         data, offsets = zip(*map(_as_string_and_offset, items))
         return list(data), np.asarray(offsets, np.int64)
@@ -198,7 +160,7 @@ class _TFKernelEpochs:
         file by file. The audit sees them missing and decodes them alone instead:
         one eager decode each, as before the decode was fused with the batch."""
         known = self.feed.skipped
-        if not known or self.batching is Batching.PER_FILE:  # it drops a file alone
+        if not known or self.batching is Graph.PER_FILE:  # it drops a file alone
             return chunk.items, chunk.positions
         keep = [i for i, pos in enumerate(chunk.positions) if epoch.path(pos) not in known]
         if len(keep) == len(chunk.positions):
@@ -212,25 +174,25 @@ class _TFKernelEpochs:
         batch (a batch's bounds are fixed by the fused op), then the end marker,
         alone in its batch; neither is read or decoded (`tf_kernel_dataset`).
         PER_FILE: the end marker, a tiny PNG that its decode drops for nothing."""
-        if self.batching is Batching.PER_FILE:
+        if self.batching is Graph.PER_FILE:
             key = np.asarray([base + MARKER], np.int64)
-            if self.reads is _Reads.PATHS:
+            if self.reads is ItemReader.PATHS:
                 return [os.fsencode(END_MARKER_FILE)], key
-            if self.reads is _Reads.BYTES:
+            if self.reads is ItemReader.RAW_BYTES:
                 return [END_MARKER], key
             return [END_MARKER], np.asarray([-1], np.int64), key
         pads = -emitted % self.batch
         keys = np.full(pads + 1, base + PAD, np.int64)
         keys[-1] = base + MARKER
         empty = [b""] * (pads + 1)
-        if self.reads is _Reads.PINNED_OR_BYTES:
+        if self.reads is ItemReader.PINNED_OR_BYTES:
             return empty, np.full(pads + 1, -1, np.int64), keys
         return empty, keys
 
     def epoch(self):
         keep_read_buffers()  # after TF's own setting for from_generator (dali_loader.malloc)
         registry = self.registry
-        recover = self.recover if self.batching is Batching.FUSED else self.diagnose
+        recover = self.recover if self.batching is Graph.FUSED else self.diagnose
         auditor = Auditor(lambda: self.feed.epoch(*self.which), recover)
         token = registry.open(auditor)
         base = np.int64(token) * KEY_STRIDE
@@ -283,22 +245,22 @@ def _no_check(keys: np.ndarray, empty: np.ndarray) -> tuple[np.ndarray, np.ndarr
     return empty, np.zeros(n, np.int32), np.int64(n)
 
 
-CALLS_PER_CORE = 2
-
-
-def _decode_calls(num_threads: int | None) -> int:
-    """The TF path's decode's parallel calls: `num_threads`, or by default
-    `CALLS_PER_CORE` per core. TF's threads (one per core) run them; each call
-    writes its image into the batch, whichever finishes first."""
-    return num_threads or CALLS_PER_CORE * default_num_threads()
+def _reads(reader: ItemReader) -> ItemReader:
+    """How the graph gets a file's bytes: the plan's item reader (one graph per
+    dataset: no per-element branch where there is one kind)."""
+    if reader is ItemReader.PATHS and not os.path.isfile(END_MARKER_FILE):
+        raise FileNotFoundError(
+            f"The package file {END_MARKER_FILE} is missing (the graph's end marker for local "
+            "paths): reinstall dali-loader (pip install --force-reinstall).")
+    return reader
 
 
 def tf_kernel_dataset(tf, feed: Feed, spec: ImageSpec, batch_size: int | None,
-                       num_threads: int | None, which: tuple[int | None, int],
+                       which: tuple[int | None, int],
                        labelled: Callable = lambda x, y: (x, y)):
     """The TF path over files: `labelled(x, y)` makes each batch's labels Keras's.
 
-    The generator's elements, unbatched; the decode and the batch (`Batching`:
+    The generator's elements, unbatched; the decode and the batch (the plan's `Graph`:
     FUSED, as one op, `single_device.map_and_batch`, then `ignore_errors()`, which
     drops a batch holding a failing file; PER_FILE, the decode's map,
     `ignore_errors()`, which drops the file, then the batch); the audit's map,
@@ -314,11 +276,11 @@ def tf_kernel_dataset(tf, feed: Feed, spec: ImageSpec, batch_size: int | None,
     on 512 JPEGs FUSED against the per-file map of before: context switches per
     image 4.50-4.55 -> 3.79-3.80, below Keras's 4.0."""
     batch = batch_size or 32
-    batching = Batching.of(feed.num_files, batch)
-    epochs = _TFKernelEpochs(tf, feed, spec, which, batch, batching)
+    plan: Plan = feed.plan  # the graph, the reads, the decode calls, the PNG decoder
+    epochs = _TFKernelEpochs(tf, feed, spec, which, batch, plan)
     vec = tf.TensorSpec((None,), tf.int64)
     files = (tf.TensorSpec((None,), tf.string),)
-    if epochs.reads is _Reads.PINNED_OR_BYTES:
+    if epochs.reads is ItemReader.PINNED_OR_BYTES:
         files += (vec,)
     # One generator per iterator: one independent epoch each.
     ds = _per_iterator_dataset(tf, epochs.generators, (*files, vec))
@@ -326,9 +288,9 @@ def tf_kernel_dataset(tf, feed: Feed, spec: ImageSpec, batch_size: int | None,
     # PNGs by the native core's op where the plan put it (others, and the files it
     # leaves, by TF's decoder in the same graph: tf_png); a folder with no file
     # named .png gets Keras's decode alone (plan.has_pngs).
-    native = getattr(feed, "png_decoder", None) is PngDecoder.WUFFS
+    native = plan.png_where is PngWhere.TF_OP
     dtype = tf.uint8 if spec.output_uint8 else tf.float32
-    fused = batching is Batching.FUSED
+    fused = plan.graph is Graph.FUSED
 
     def zeros(data, *_):  # for a pad or the marker: nothing read or decoded
         return tf.fill(spec.shape, tf.cast(tf.strings.length(data) * 0, dtype))
@@ -340,12 +302,12 @@ def tf_kernel_dataset(tf, feed: Feed, spec: ImageSpec, batch_size: int | None,
         img.set_shape(spec.shape)
         return img
 
-    if epochs.reads is _Reads.PINNED_OR_BYTES:
+    if epochs.reads is ItemReader.PINNED_OR_BYTES:
         def decode(data, offset, key):
             return unless_pad(key, lambda d, o: decode_like_keras(
                 read_item(tf, d, o), spec, tf, native), data, offset), key
     else:
-        read = tf.io.read_file if epochs.reads is _Reads.PATHS else tf.identity
+        read = tf.io.read_file if epochs.reads is ItemReader.PATHS else tf.identity
 
         def decode(data, key):
             return unless_pad(key, lambda d: decode_like_keras(read(d), spec, tf, native),
@@ -355,11 +317,10 @@ def tf_kernel_dataset(tf, feed: Feed, spec: ImageSpec, batch_size: int | None,
     # converted by AutoGraph, which cost about 0.5 s of every construction.
     plain = tf.autograph.experimental.do_not_convert
     # Fixed from the first batch on: AUTOTUNE ramps up over a few batches, which
-    # short epochs feel. `num_threads` decodes, or by default `CALLS_PER_CORE`
-    # calls per core (`_decode_calls`).
-    # Every map single-device (`single_device`): about 3-4 ms less per function and
-    # `iter()`; in order (the audit checks positions in order).
-    calls = _decode_calls(num_threads)
+    # short epochs feel: the plan's `decode_calls` (`num_threads`, or by default 2
+    # calls per core). Every map single-device (`single_device`): about 3-4 ms less
+    # per function and `iter()`; in order (the audit checks positions in order).
+    calls = plan.decode_calls
     if fused:
         ds = map_and_batch(tf, ds.unbatch(), plain(decode), batch, calls).ignore_errors()
     else:
