@@ -30,7 +30,6 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from dali_loader.args import positive_int
-from dali_loader.feed.order import shard_size
 # The default pixel limit (2**30: why, in formats.limits) and the cache's pixel forms
 # are formats; the plan names them.
 from dali_loader.formats.limits import DEFAULT_MAX_PIXELS
@@ -560,6 +559,16 @@ def shard_of(input_context: Any) -> tuple[int, int]:
         raise ValueError(f"Invalid input pipeline {shard[0]} of {shard[1]}. "
                          f"Received: input_context={input_context!r}")
     return shard
+
+
+def shard_size(n: int, batch_size: int, shard: int, num_shards: int) -> int:
+    """Files pipeline `shard` of `num_shards` reads per epoch: every `num_shards`-th
+    batch from its own on (`feed.order.shard_of`)."""
+    full, last = divmod(n, batch_size)
+    batches = full + (last > 0)
+    mine = len(range(shard, batches, num_shards))
+    has_last = last > 0 and (batches - 1) % num_shards == shard
+    return mine * batch_size - (batch_size - last if has_last else 0)
 
 
 def parse_service(service: Any) -> tuple[str, int]:

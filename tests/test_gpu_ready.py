@@ -325,8 +325,8 @@ def test_gpu_ready_values_and_default_off(photo_tree, tmp_path):
     from dali_loader.plan import Environment, Options, check, resolve
     from dali_loader.storage.source import SourceKind
 
-    env = Environment(tf_gpus=0, wuffs=True, dali_png_op=True, source_kind=SourceKind.LOCAL_DISK,
-                      has_pngs=True)
+    env = Environment(tf_gpus=0, wuffs=True, png_core=True, dali_png_op=True, cores=2,
+                      source_kind=SourceKind.LOCAL_DISK, has_pngs=True)
 
     def form(value):
         return resolve(Options(gpu_ready=value, decoder="dali"), env).cache_form
@@ -335,8 +335,8 @@ def test_gpu_ready_values_and_default_off(photo_tree, tmp_path):
     assert form(True) is ReadyForm.COMPACT and form("compact") is ReadyForm.COMPACT
     assert form("raw") is ReadyForm.RAW and form("tiff") is ReadyForm.TIFF
     # Compact entries need the native op of the engine's path; raw ones do not.
-    bare = Environment(tf_gpus=0, wuffs=True, tf_png_op=False, dali_png_op=False,
-                       source_kind=SourceKind.LOCAL_DISK, has_pngs=True)
+    bare = Environment(tf_gpus=0, wuffs=True, png_core=True, tf_png_op=False, dali_png_op=False,
+                       cores=2, source_kind=SourceKind.LOCAL_DISK, has_pngs=True)
     for decoder, step in (("dali", "build_dali"), ("tf", "build_tf")):
         with pytest.raises(ImportError, match=f"native.{step}.*gpu_ready=\"raw\".*Received: "
                                               "gpu_ready=True"):

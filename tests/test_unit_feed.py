@@ -415,7 +415,7 @@ def test_close_during_next_chunk_releases_its_items(feeds):
 @pytest.mark.parametrize("n, batch, pipelines", [(23, 4, 2), (23, 4, 3), (17, 4, 2), (8, 4, 2),
                                                   (3, 4, 2), (40, 5, 4), (1, 1, 3)])
 def test_shards_cover_every_file_once_per_epoch(n, batch, pipelines):
-    from dali_loader.feed.order import shard_size
+    from dali_loader.plan import shard_size
 
     feeds = [Feed(make_index(n), FakeReader(io=False), chunk_size=batch, shuffle=True, seed=11,
                   shard=(p, pipelines)) for p in range(pipelines)]

@@ -25,7 +25,8 @@ import numpy as np
 from dali_loader.args import positive_int
 from dali_loader.errors import BadFileError, CorruptImageError
 from dali_loader.exiting import exiting, track
-from dali_loader.feed.order import epoch_order, shard_of, shard_size
+from dali_loader.feed.order import epoch_order, shard_of
+from dali_loader.plan import shard_size
 from dali_loader.feed.policy import EpochErrors, SkipReport, check_on_error
 from dali_loader.feed.readahead import ReadAhead
 from dali_loader.index import Index

@@ -27,12 +27,3 @@ def shard_of(order: np.ndarray, batch_size: int, shard: int, num_shards: int) ->
         return order
     batch_of = np.arange(len(order)) // batch_size
     return order[batch_of % num_shards == shard]
-
-
-def shard_size(n: int, batch_size: int, shard: int, num_shards: int) -> int:
-    """Files pipeline `shard` reads per epoch (see `shard_of`)."""
-    full, last = divmod(n, batch_size)
-    batches = full + (last > 0)
-    mine = len(range(shard, batches, num_shards))
-    has_last = last > 0 and (batches - 1) % num_shards == shard
-    return mine * batch_size - (batch_size - last if has_last else 0)
