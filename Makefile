@@ -52,9 +52,11 @@ test: install fuse-lib lint
 	$(VPY) -m pytest -q -ra --durations=25
 
 # ruff over the whole repository (pyproject.toml's [tool.ruff]: the rules, and why some are not
-# selected); `make test` runs it first.
+# selected), then mypy over the TF-free core (its [tool.mypy]: the files, and each exception
+# with its reason); `make test` runs both first.
 lint: $(STAMP)
 	$(VPY) -m ruff check .
+	$(VPY) -m mypy
 
 # libfuse2 for tests/test_fuse.py's FUSE mount (fusepy needs it): installed when root and
 # missing (CI runs as root in a fresh clone); otherwise those tests skip, saying so.
@@ -86,19 +88,19 @@ gpu-check: install
 		$(VPY) device_checks/gpu_ready_check/prepare.py --print-device-call; \
 	fi
 
-# The batched GPU PNG decoder's check (device_checks/png_gpu_check/README.md): prepares the nvCOMP
-# wheels and the data here, then runs the check where a GPU and Python 3.12 are, or else
-# prints the device tool's call.
+# The batched GPU PNG decoder's check (experimental/png_gpu_check/README.md; an experiment
+# outside the package): prepares the nvCOMP wheels and the data here, then runs the check
+# where a GPU and Python 3.12 are, or else prints the device tool's call.
 gpu-check-png: install
-	$(VPY) device_checks/png_gpu_check/prepare.py
+	$(VPY) experimental/png_gpu_check/prepare.py
 	@GPU_PY312='import sys, numpy, numba, cupy; sys.exit(sys.version_info[:2] != (3, 12))'; \
-	if nvidia-smi -L >/dev/null 2>&1 && python3 -c "$$GPU_PY312" 2>/dev/null; then bash device_checks/png_gpu_check/run_on_device.sh; \
-	else echo "No GPU with Python 3.12, numba-cuda and CuPy here. The device tool's call (run):"; $(VPY) device_checks/png_gpu_check/prepare.py --print-device-call; fi
+	if nvidia-smi -L >/dev/null 2>&1 && python3 -c "$$GPU_PY312" 2>/dev/null; then bash experimental/png_gpu_check/run_on_device.sh; \
+	else echo "No GPU with Python 3.12, numba-cuda and CuPy here. The device tool's call (run):"; $(VPY) experimental/png_gpu_check/prepare.py --print-device-call; fi
 
 # The compact entries' GPU decode check (device_checks/compact_gpu_check/README.md): the nvCOMP
 # wheels of the PNG check, prepared here, and the core; then the device tool's call is printed.
 gpu-check-compact: install
-	$(VPY) device_checks/png_gpu_check/prepare.py
+	$(VPY) experimental/png_gpu_check/prepare.py
 	@echo 'run(command="bash device_checks/compact_gpu_check/run_on_device.sh", carry=["build/png_gpu_check", "dali_loader/native/_build/libdlpng.so"], timeout_s=330)'
 
 # The TF + DALI GPU check: GPU tests, local and gs:// benchmarks on the GPU path.

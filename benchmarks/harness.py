@@ -21,7 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -42,9 +42,9 @@ MALLOC_TUNABLES = ("glibc.malloc.mmap_threshold=268435456:glibc.malloc.trim_thre
 MALLOC_SETTINGS = ("default", "tuned")
 SAMPLE_SIZE = (375, 500)  # (height, width) of the sample dataset's photo-like PNGs
 
-__all__ = ["ROOT", "MALLOC_SETTINGS", "MALLOC_TUNABLES", "Epoch", "ab_main", "banner",
+__all__ = ["ROOT", "MALLOC_SETTINGS", "MALLOC_TUNABLES", "Epoch", "banner",
            "command_line", "cpu_seconds", "dali_decode_rate", "epoch", "fake_gcs", "malloc_env",
-           "minor_faults", "parser", "photo_pngs", "rss_bytes", "run_child", "sample_data",
+           "minor_faults", "parser", "rss_bytes", "run_child", "sample_data",
            "span", "status_kib", "timed_epoch", "tiny_tree", "write_json"]
 
 
@@ -130,30 +130,6 @@ def tiny_tree(root: str, n: int, classes: int = 1, size: int = 8) -> str:
         with open(os.path.join(root, f"class_{i % classes:03d}", f"img_{i:07d}.png"), "wb") as f:
             f.write(blobs[i % len(blobs)])
     return root
-
-
-def photo_pngs(n: int, filters: tuple[int, ...] | None = None, seed: int = 0,
-               h: int = 375, w: int = 500) -> list[bytes]:
-    """``n`` smooth photo-like RGB PNGs (``support.pngs.photo``): rows filtered with
-    ``filters`` in turn (``encode_png``), or saved by Pillow (``filters`` None)."""
-    import io
-
-    import numpy as np
-
-    from support.pngs import encode_png, photo
-
-    rng = np.random.default_rng(seed)
-    out = []
-    for _ in range(n):
-        if filters is not None:
-            out.append(encode_png(photo(rng, h, w), filters))
-            continue
-        from PIL import Image
-
-        buf = io.BytesIO()
-        Image.fromarray(photo(rng, h, w)).save(buf, format="PNG")
-        out.append(buf.getvalue())
-    return out
 
 
 # --------------------------------------------------------------------- fake GCS
@@ -320,44 +296,3 @@ def malloc_env(which: str) -> dict[str, str]:
     if which not in MALLOC_SETTINGS:
         raise ValueError(f"which must be one of {MALLOC_SETTINGS}. Received: which={which!r}")
     return {"GLIBC_TUNABLES": MALLOC_TUNABLES} if which == "tuned" else {}
-
-
-def _no_malloc_env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
-
-
-def ab_main(script: str, doc: str | None, run_one: Callable[[argparse.Namespace], dict],
-            report: Callable[[str, dict], None], argv: list[str] | None = None, *,
-            add_args: Callable[[argparse.ArgumentParser], None] | None = None,
-            child_args: Callable[[argparse.Namespace], list[str]] = lambda args: [],
-            num_images: int = 1024, rounds: int = 5) -> int:
-    """A PNG benchmark's ``main`` under the malloc A/B: ``--data``, ``--num-images``,
-    ``--rounds``, ``--malloc {both,default,tuned}`` and ``--json`` (and ``add_args``' own).
-    The parent makes the data and runs ``script`` once per malloc setting, each in its own
-    process (passing ``child_args(args)`` on), which runs ``run_one(args)``; then
-    ``report("malloc SETTING", result)`` per setting."""
-    ap = parser(doc, data=True, num_images=num_images, rounds=rounds, json_out=True)
-    ap.add_argument("--malloc", choices=("both", *MALLOC_SETTINGS), default="both",
-                    help="glibc malloc settings to run under, each in its own process")
-    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    if add_args is not None:
-        add_args(ap)
-    args = ap.parse_args(argv)
-    if args.child:
-        write_json(args.json, run_one(args))
-        return 0
-    name = os.path.splitext(os.path.basename(script))[0].replace("_", "-")
-    with sample_data(args.data, args.num_images, f"{name}-") as data:
-        print(f"{args.num_images} PNGs 500x375 in {data}; {os.cpu_count()} cores", flush=True)
-        results = {}
-        for which in MALLOC_SETTINGS if args.malloc == "both" else (args.malloc,):
-            print(f"\nmalloc: {which}", flush=True)
-            results[which] = run_child(
-                [os.path.abspath(script), "--child", "--data", data, "--rounds", str(args.rounds),
-                 *child_args(args), "--json"], malloc_env(which), timeout=None,
-                base=_no_malloc_env())
-            results[which].pop("seconds", None)
-    for which, res in results.items():
-        report(f"malloc {which}", res)
-    write_json(args.json, results)
-    return 0

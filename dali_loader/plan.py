@@ -85,9 +85,6 @@ class DaliInput(enum.Enum):
     # GPU-ready cache entries: the pixels Keras decodes in compact entries (formats.compact),
     # decoded by the native core's DALI operator.
     READY_COMPACT = "ready-compact"
-    # Pixels decoded before DALI (HWC uint8, the output's colour mode; `png_batches`):
-    # CuPy arrays on a GPU (external_source device="gpu"), numpy on the CPU.
-    PIXELS = "pixels"
     # The files, each PNG already decoded into a raw entry (`png_stage`, Keras's
     # pixels): raw entries are reshaped, the other files decoded on the CPU (a
     # per-sample branch), then copied to the GPU.
@@ -102,7 +99,6 @@ class PngDecoder(str, enum.Enum):
     # else pywuffs) on the DALI path and for GPU-ready fills
     WUFFS = "wuffs"
     LIBPNG = "libpng"  # TF's decode_png on the TF path, nvImageCodec inside DALI
-    GPU = "gpu"  # the batched GPU decoder (png_batches; opt-in: docs/png_gpu.md)
 
 
 class PngWhere(str, enum.Enum):
@@ -113,7 +109,6 @@ class PngWhere(str, enum.Enum):
     TF = "tf"  # TF's decode_png in tf.data's graph
     FEED = "feed"  # Wuffs on the feed's threads (the core through ctypes, else pywuffs)
     DALI = "dali"  # DALI's decoder (nvImageCodec)
-    GPU = "gpu"  # the batched GPU decoder, before DALI
     NONE = "none"  # GPU-ready cache entries: no PNG decoded in a cached epoch
 
 
@@ -380,11 +375,12 @@ class Plan:
         where = {PngWhere.TF_OP: "native core, TF op in the graph",
                  PngWhere.DALI_OP: "native core, DALI operator in the graph",
                  PngWhere.TF: "TF's decode_png", PngWhere.FEED: "on the feed's threads",
-                 PngWhere.DALI: "DALI's decoder", PngWhere.GPU: "batched GPU decoder"}
+                 PngWhere.DALI: "DALI's decoder"}
+        # A resolved plan sets png_where, png_fill with the cache (NONE), else png_epoch.
         if self.png_where is PngWhere.NONE:
-            return (f"{self.png_fill.value} (GPU-ready cache fills, on the feed's threads; "
-                    "epochs decode no PNG)")
-        return f"{self.png_epoch.value} ({where[self.png_where]})"
+            return (f"{self.png_fill.value} (GPU-ready cache fills, "  # type: ignore[union-attr]
+                    "on the feed's threads; epochs decode no PNG)")
+        return f"{self.png_epoch.value} ({where[self.png_where]})"  # type: ignore[union-attr,index]
 
     def rows(self) -> list[tuple[str, str, str]]:
         """`(field, value, why)` for each decision, in the order the rules take them."""
@@ -509,10 +505,16 @@ def _decoder_value(d: _Draft) -> None:
 
 def _png_decoder_value(d: _Draft) -> PngDecoder | None:
     value = d.o.png_decoder
+    if value == "gpu":
+        raise ValueError('png_decoder="gpu" (the batched GPU PNG decoder) left the package: it '
+                         "decoded fewer images per second than 16 CPU cores at batches of 64-256 "
+                         "and is kept as an experiment in experimental/png_gpu (docs/png_gpu.md). "
+                         'Pass png_decoder=None (the native decoder where it is built) or "libpng". '
+                         "Received: png_decoder='gpu'")
     if value not in PNG_DECODERS and not isinstance(value, PngDecoder):
         raise ValueError('`png_decoder` must be None (the native decoder where it is built, '
-                         'else libpng), "wuffs", "libpng" or "gpu" (the batched GPU decoder, '
-                         f"experimental). Received: png_decoder={value!r}")
+                         'else libpng), "wuffs" or "libpng". '
+                         f"Received: png_decoder={value!r}")
     return None if value is None else PngDecoder(value)
 
 
@@ -526,7 +528,8 @@ def _gpu_ready_value(d: _Draft) -> ReadyForm | None:
                          f"Received: gpu_ready={value!r}")
     if value is None or value is False:
         return None
-    return {"tiff": ReadyForm.TIFF, "raw": ReadyForm.RAW}.get(value, ReadyForm.COMPACT)
+    return {"tiff": ReadyForm.TIFF, "raw": ReadyForm.RAW}.get(
+        value, ReadyForm.COMPACT)  # type: ignore[arg-type]  # True: not a key, the default form
 
 
 def _handoff_value(d: _Draft) -> Handoff | None:
@@ -685,21 +688,6 @@ def _compact_built(d: _Draft) -> None:
             f'keep uncompressed entries with gpu_ready="raw". Received: gpu_ready={d.o.gpu_ready!r}')
 
 
-def _gpu_png(d: _Draft) -> None:
-    if d.png_asked is not PngDecoder.GPU:
-        return
-    if d.engine is not Engine.DALI:
-        raise ValueError(
-            'png_decoder="gpu" feeds decoded pixels to the DALI graph; it needs '
-            'device="gpu", or decoder="dali" on the CPU (where the decoder\'s '
-            f'kernels run under numba-cuda\'s simulator). Received: '
-            f"png_decoder='gpu', device={d.o.device!r}, decoder={d.o.decoder!r}")
-    if d.cache_form is not None:
-        raise ValueError('png_decoder="gpu" and `gpu_ready` cannot be combined: the GPU-ready '
-                         "cache already decodes every file once. Received: "
-                         f"png_decoder='gpu', gpu_ready={d.cache_form.value!r}")
-
-
 _WUFFS_MISSING = ("the native PNG core (`make install`: python -m dali_loader.native.build) or "
                   "Wuffs' Python bindings (pip install pywuffs==2.0.1)")
 
@@ -741,21 +729,13 @@ def _tiff_on_gpu(d: _Draft) -> None:
             "(raw entries) decodes nothing.")
 
 
-def _handoff(d: _Draft) -> Handoff | None:
+def _handoff(d: _Draft) -> Handoff | Because | None:
     """The handoff for DALI's batches. None picks the host-placed plugin on the
     GPU when it holds every guarantee of the options: batched, and
     `on_error="raise"` or the GPU-ready cache (its entries were decoded by TF
     first, so a file DALI cannot decode never reaches DALI). `PLUGIN_GPU` is
     never picked: it is asked for."""
     asked, o = d.handoff_asked, d.o
-    if d.png_asked is PngDecoder.GPU:
-        if asked not in (None, Handoff.GENERATOR):
-            raise ValueError(
-                'png_decoder="gpu" needs handoff="generator" (or None): its decoded pixels '
-                "are on the GPU and enter DALI through external_source(device=\"gpu\"), "
-                "but the DALI TF plugin's DALIDatasetWithInputs takes CPU inputs only. "
-                f"Received: handoff={asked.value!r}, png_decoder='gpu'")
-        return Because(Handoff.GENERATOR, 'png_decoder="gpu": its pixels are on the GPU')
     if asked is None:
         if d.engine is not Engine.DALI or o.output is not Output.TF_DATA:
             return None
@@ -827,8 +807,6 @@ def _png_epoch(d: _Draft) -> Because:
                        "with TF's libpng, slower. `make install` builds it (python -m "
                        "dali_loader.native.build_tf).")
         return Because((PngDecoder.LIBPNG, PngWhere.TF), f"{named}: the TF op is not built")
-    if asked is PngDecoder.GPU:
-        return Because((PngDecoder.GPU, PngWhere.GPU), named)
     if _gpu_with_jpegs(d) and asked is not PngDecoder.LIBPNG:
         return Because((PngDecoder.LIBPNG, PngWhere.DALI),
                        f"{named}, on a GPU with JPEGs: DALI's mixed decoder takes every file")
@@ -867,8 +845,7 @@ def _dali_input(d: _Draft) -> DaliInput | None:
     if d.cache_form is not None:
         return {ReadyForm.RAW: DaliInput.READY_RAW, ReadyForm.TIFF: DaliInput.READY_TIFF,
                 ReadyForm.COMPACT: DaliInput.READY_COMPACT}[d.cache_form]
-    return {PngWhere.GPU: DaliInput.PIXELS, PngWhere.FEED: DaliInput.FILES_OR_RAW}.get(
-        d.png_where, DaliInput.FILES)
+    return DaliInput.FILES_OR_RAW if d.png_where is PngWhere.FEED else DaliInput.FILES
 
 
 def _graph(d: _Draft) -> Because | None:
@@ -969,7 +946,7 @@ RULES: tuple[Rule, ...] = (
     _check(lambda d: check_manifest_mode(d.o.manifest), 'manifest is "use", "refresh" or "off"'),
     _check(_device_value, 'device is None (auto), "cpu" or "gpu"'),
     _check(_decoder_value, 'decoder is None, "dali" or "tf"'),
-    _set("png_asked", _png_decoder_value, 'png_decoder is None, "wuffs", "libpng" or "gpu"'),
+    _set("png_asked", _png_decoder_value, 'png_decoder is None, "wuffs" or "libpng"'),
     _set("cache_form", _gpu_ready_value,
          'gpu_ready: None/False no cache; True/"compact" compact entries; "raw" raw '
          'entries; "tiff" TIFF entries'),
@@ -986,14 +963,13 @@ RULES: tuple[Rule, ...] = (
          "else TF's kernels"),
     _check(_tiff_needs_dali, 'gpu_ready="tiff" needs DALI: TF\'s kernels read the raw form'),
     _check(_compact_built, "compact entries need the native core's op on the engine's path"),
-    _check(_gpu_png, 'png_decoder="gpu" needs DALI, and no gpu_ready'),
     _check(_wuffs_built, 'png_decoder="wuffs" needs its decoder built where it runs'),
     _set("png_fill", _png_fill,
          "cache fills: png_decoder as asked; None is Wuffs where installed, else libpng"),
     _check(_tiff_on_gpu, 'gpu_ready="tiff" on a GPU: its GPU decode is unverified (a note)'),
     _set("handoff", _handoff,
          'DALI to tf.data: None is "plugin" on a GPU with batches and on_error="raise" or '
-         'gpu_ready (where the plugin imports), else "generator"; png_decoder="gpu": generator'),
+         'gpu_ready (where the plugin imports), else "generator"'),
     _set("device_id", _device_id, "on a GPU: the input pipeline's id modulo DALI's GPUs"),
     # The source's rules: after listing; they refuse nothing.
     _set(("png_epoch", "png_where"), _png_epoch,
@@ -1005,7 +981,7 @@ RULES: tuple[Rule, ...] = (
          "checked bytes (PNGs as raw pixels with Wuffs on the feed); the cache's entries",
          source=True),
     _set("dali_input", _dali_input,
-         "DALI reads the files, files with raw PNG pixels, the cache's entries, or pixels",
+         "DALI reads the files, files with raw PNG pixels, or the cache's entries",
          source=True),
     _set("png_binding", _png_binding, "Wuffs on the feed's threads: the native core where "
          "built, else pywuffs", source=True),

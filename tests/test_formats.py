@@ -331,7 +331,7 @@ def test_entry_header_rejections():
 
 def test_each_walker_names_a_cut_file_in_its_own_words():
     from dali_loader.decode import png_cpu
-    from dali_loader.decode.png_gpu import parse
+    from experimental.png_gpu import parse
     from dali_loader.feed import checks
 
     data = encode_png(np.random.default_rng(1).integers(0, 256, (20, 20, 3), np.uint8))

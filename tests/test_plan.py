@@ -98,13 +98,11 @@ RUNS = [
     (dict(png_decoder="libpng"), env(), dict(png_epoch=PngDecoder.LIBPNG, png_where=PngWhere.TF)),
     (dict(png_decoder="wuffs"), env(), dict(png_epoch=PngDecoder.WUFFS, png_where=PngWhere.TF_OP)),
     (dict(decoder="tf"), env(), dict(engine=Engine.TF_KERNELS)),
-    # No file named .png: no PNG decoder's branch in the graph (issue 29), unless asked
-    # for the GPU decoder (its batches take every file).
+    # No file named .png: no PNG decoder's branch in the graph (issue 29).
     ({}, env(jpegs=True, pngs=False), dict(png_epoch=PngDecoder.LIBPNG, png_where=PngWhere.TF)),
     (dict(png_decoder="wuffs"), env(jpegs=True, pngs=False), dict(png_where=PngWhere.TF)),
     (dict(decoder="dali"), env(jpegs=True, pngs=False), dict(png_where=PngWhere.DALI)),
     (dict(decoder="dali", png_decoder="wuffs"), env(pngs=False), dict(png_where=PngWhere.FEED)),
-    (dict(device="gpu", png_decoder="gpu"), env(GPU, pngs=False), dict(png_where=PngWhere.GPU)),
     # decoder="tf" forces TF's kernels: on a GPU machine too, on its CPU (docs/options.md).
     (dict(decoder="tf"), env(GPU), dict(engine=Engine.TF_KERNELS, device=Device.CPU,
                                         handoff=None, png_where=PngWhere.TF_OP)),
@@ -171,12 +169,6 @@ RUNS = [
                                                          dali_input=DaliInput.READY_TIFF)),
     (dict(gpu_ready="tiff"), env(GPU), dict(dali_input=DaliInput.READY_TIFF,
                                             handoff=Handoff.PLUGIN)),
-    # The batched GPU PNG decoder: DALI only resizes; the generator handoff.
-    (dict(decoder="dali", png_decoder="gpu"), env(), dict(
-        png_epoch=PngDecoder.GPU, png_where=PngWhere.GPU, dali_input=DaliInput.PIXELS,
-        item_reader=ItemReader.CHECKED_BYTES, handoff=Handoff.GENERATOR)),
-    (dict(png_decoder="gpu"), env(GPU), dict(handoff=Handoff.GENERATOR,
-                                             dali_input=DaliInput.PIXELS)),
     # tf.data service: TF's kernels on its CPU workers, TF's libpng.
     (dict(service="grpc://localhost:5050"), env(GPU), dict(
         engine=Engine.SERVICE, device=Device.CPU, item_reader=ItemReader.WORKERS,
@@ -312,11 +304,8 @@ REFUSALS = [
      "DALI sees no CUDA GPU"),
     (dict(decoder="tf", device="gpu"), env(GPU), ValueError, "decoder='tf', device='gpu'"),
     (dict(gpu_ready="tiff"), env(), ValueError, "gpu_ready='tiff'"),
-    (dict(png_decoder="gpu"), env(), ValueError, "png_decoder='gpu', device=None"),
-    (dict(png_decoder="gpu", decoder="dali", gpu_ready=True), env(), ValueError,
-     "png_decoder='gpu', gpu_ready='compact-up-zstd1'"),
-    (dict(png_decoder="gpu", decoder="dali", handoff="plugin"), env(), ValueError,
-     "handoff='plugin', png_decoder='gpu'"),
+    # The batched GPU PNG decoder left the package (issue 39; docs/png_gpu.md).
+    (dict(png_decoder="gpu"), env(GPU), ValueError, "experimental/png_gpu"),
     (dict(png_decoder="wuffs"), env(built=BARE), ImportError, "build_tf"),
     (dict(png_decoder="wuffs", decoder="dali"), env(built=BARE), ImportError, "pywuffs"),
     (dict(png_decoder="wuffs", gpu_ready="raw"), env(built=BARE), ImportError, "pywuffs"),

@@ -1,4 +1,4 @@
-"""The batched PNG decoder (dali_loader/decode/png_gpu) without a GPU: its kernels under
+"""The batched PNG decoder (experimental/png_gpu, outside the package) without a GPU: its kernels under
 numba-cuda's simulator, zlib standing in for nvCOMP behind the same interface.
 
 Covered files must equal `tf.io.decode_png(channels=C)` (libpng, as Keras) bit for bit;
@@ -14,19 +14,22 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from support.helpers import choose_cuda_simulator, fast_simulator, on_a_gpu
+from support.helpers import choose_cuda_simulator, fast_simulator
 
 choose_cuda_simulator()
 cuda = pytest.importorskip("numba.cuda")
 
-from dali_loader.decode.png_gpu import (  # noqa: E402
+from experimental.png_gpu import (  # noqa: E402
     PNG_GPU_VERIFIED, Fallback, PngDecodeStats, ZlibInflate, decode_pngs)
-from dali_loader.decode.png_gpu.cpu_fallback import finish  # noqa: E402
+from experimental.png_gpu.cpu_fallback import finish  # noqa: E402
 from dali_loader.errors import CorruptImageError  # noqa: E402
 from dali_loader.feed.policy import EpochErrors, SkipReport  # noqa: E402
 from support.pngs import broken_streams, chunk, encode_png, photo  # noqa: E402
 
-from dali_loader.decode.png_batches import SIMULATOR_LAUNCH as SIM  # noqa: E402 - small launches
+from experimental.png_gpu import Launch  # noqa: E402
+
+# Each simulated CUDA thread is a Python thread: small launches on the CPU.
+SIM = Launch(adler_threads=16, unfilter_threads=8, expand_threads=1, expand_blocks=1)
 MODES = (1, 3, 4)
 
 
@@ -187,20 +190,16 @@ def test_corrupt_files_left_out_and_recorded_under_skip(pngs, tf):
     assert np.array_equal(done[0], tf.io.decode_png(good, channels=4).numpy())
 
 
-def test_verified_on_a_gpu_yet_opt_in_and_channels_checked():
-    """The H200 run (docs/png_gpu.md) verified it; the plan still picks it only when asked."""
-    from dali_loader.plan import Options, PngWhere, resolve
-
+def test_verified_on_a_gpu_and_channels_checked():
+    """The H200 run (docs/png_gpu.md) verified it; the loader's plan no longer offers it
+    (tests/test_plan.py: png_decoder="gpu" is refused, naming experimental/png_gpu)."""
     assert PNG_GPU_VERIFIED is True
-    gpu = on_a_gpu()  # everything built, a local folder of PNGs
-    assert resolve(Options(), gpu).png_where is not PngWhere.GPU
-    assert resolve(Options(png_decoder="gpu"), gpu).png_where is PngWhere.GPU
     with pytest.raises(ValueError, match="Received: channels=2"):
         decode_pngs([b""], 2, backend=ZlibInflate())
 
 
 def test_large_batches_run_in_parts(tf, monkeypatch):
-    from dali_loader.decode.png_gpu import decoder
+    from experimental.png_gpu import decoder
 
     monkeypatch.setattr(decoder, "MAX_BATCH", 3)
     pngs = list(_photo_pngs().values())

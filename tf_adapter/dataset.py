@@ -200,12 +200,9 @@ def image_dataset_from_directory(
             the CPU default (an ImportError naming its build step when it is
             missing); on the DALI path Wuffs on the feed's threads, PNGs
             entering DALI as pixels, other files decoded by DALI. "libpng":
-            TF's decoder, or DALI's, everywhere. "gpu": the
-            batched GPU PNG decoder (nvCOMP + CUDA kernels; unverified on a
-            GPU, experimental), the other files by TF on the CPU, DALI only
-            resizes; needs the DALI path (device="gpu", or decoder="dali" on
-            the CPU, where its kernels run under numba-cuda's simulator), the
-            generator handoff and no `gpu_ready`. docs/png_cpu.md, docs/png_gpu.md.
+            TF's decoder, or DALI's, everywhere. ("gpu", the batched GPU PNG
+            decoder, left the package: a ValueError names experimental/png_gpu;
+            docs/png_gpu.md.) docs/png_cpu.md.
         max_pixels: Refuse an image whose header claims more pixels than
             this (2**30 by default: 32768x32768), as a bad file naming it,
             before any decoder allocates it; None: no limit.

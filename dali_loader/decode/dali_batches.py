@@ -35,7 +35,6 @@ from dali_loader.decode.dali_graph import (
     probe_decode,
     raw_views,
 )
-from dali_loader.decode.png_batches import PngBatches
 from dali_loader.decode.png_stage import big_png
 from dali_loader.decode.spec import ImageSpec
 from dali_loader.decode.tf_kernels import pixels_like_keras
@@ -94,15 +93,11 @@ class HostPixels:
 class _Slot:
     """What a pipeline's `external_source` pulls from: the batches of the epoch
     that holds the pipeline now. Every batch handed to DALI is also queued in
-    `in_flight`, so outputs are matched with their labels and files. With
-    `decode` (a `png_batches.PngBatches`), each chunk is decoded here and only
-    the files it kept are queued (a skipped file leaves no position behind).
+    `in_flight`, so outputs are matched with their labels and files.
     With `host` (a `HostPixels`), each batch is a pair (encoded, pixels) that
     DALI does not copy: both are kept in `held` until the batch is out."""
 
-    def __init__(self, decode: PngBatches | None = None, raw: bool = False,
-                 host: HostPixels | None = None):
-        self.decode = decode
+    def __init__(self, raw: bool = False, host: HostPixels | None = None):
         self.raw = raw  # raw GPU-ready entries: handed over as HWC views
         self.host = host
         self.epoch: FeedEpoch | None = None
@@ -148,29 +143,23 @@ class _Slot:
             raise StopIteration from None
 
     def _next(self) -> list:
-        while True:
-            if self.replay:
-                chunk = self.replay.popleft()
-            elif self.epoch is None:
-                raise StopIteration
-            else:
-                chunk = self.epoch.next_chunk(self.batch_size)
-            if chunk is None:
-                raise StopIteration
-            if self.decode is None:
-                if self.host is not None:
-                    pair = self.host(chunk, self.epoch)
-                    self.held.append(pair)
-                    self.in_flight.append(chunk)
-                    return pair
-                self.in_flight.append(chunk)
-                if self.raw:
-                    return raw_views(chunk.items)
-                return [np.frombuffer(d, dtype=np.uint8) for d in chunk.items]
-            chunk, pixels = self.decode(chunk, self.epoch)
-            if chunk.positions:  # else every file was skipped: take the next chunk
-                self.in_flight.append(chunk)
-                return pixels
+        if self.replay:
+            chunk = self.replay.popleft()
+        elif self.epoch is None:
+            raise StopIteration
+        else:
+            chunk = self.epoch.next_chunk(self.batch_size)
+        if chunk is None:
+            raise StopIteration
+        if self.host is not None:
+            pair = self.host(chunk, self.epoch)
+            self.held.append(pair)
+            self.in_flight.append(chunk)
+            return pair
+        self.in_flight.append(chunk)
+        if self.raw:
+            return raw_views(chunk.items)
+        return [np.frombuffer(d, dtype=np.uint8) for d in chunk.items]
 
 
 def _count_true(flags) -> int:
@@ -190,10 +179,7 @@ class DaliBatches:
         num_threads: DALI CPU threads (default: cores available).
         device_id: The CUDA device, with "gpu" (one per replica under a strategy).
         input: What the feed's items are: the files (`CheckedBytes`) or
-            GPU-ready cache entries (`feed.ready.ReadyBytes`), raw or TIFF,
-            or `Input.PIXELS`: the files, decoded by `png` before DALI.
-        png: With `Input.PIXELS`, the batched PNG decoder stage
-            (`png_batches.PngBatches`, on `device`).
+            GPU-ready cache entries (`feed.ready.ReadyBytes`), raw or TIFF.
         png_native: With `Input.FILES`, PNGs are decoded by the native core's
             DALI operator on DALI's CPU threads, the files it leaves by DALI's
             decoder (`dali_graph.image_graph`); each epoch counts `png_native`,
@@ -208,15 +194,10 @@ class DaliBatches:
 
     def __init__(self, feed: Feed, spec: ImageSpec, *, device: str = "cpu",
                  num_threads: int | None = None, device_id: int = 0,
-                 input: Input = Input.FILES, png: PngBatches | None = None,
-                 png_native: bool = False, max_pixels: int | None = None,
-                 host_pixels: bool = False):
+                 input: Input = Input.FILES, png_native: bool = False,
+                 max_pixels: int | None = None, host_pixels: bool = False):
         if device not in ("cpu", "gpu"):
             raise ValueError(f'`device` must be "cpu" or "gpu". Received: device={device}')
-        if (input is Input.PIXELS) != (png is not None):
-            raise ValueError("`png` (the stage that decodes the pixels) goes with "
-                             f"input=Input.PIXELS, and only with it. Received: input={input}, "
-                             f"png={png!r}")
         if host_pixels and (device != "cpu" or input not in (Input.FILES, Input.FILES_OR_RAW)):
             raise ValueError("Big PNGs are decoded before DALI on the CPU, for the files. "
                              f"Received: host_pixels=True, device={device}, input={input}")
@@ -229,7 +210,6 @@ class DaliBatches:
         self.num_threads = num_threads
         self.device_id = device_id
         self.input = input
-        self.png = png
         self.png_native = png_native
         self.max_pixels = max_pixels
         self.host_pixels = host_pixels
@@ -264,12 +244,7 @@ class DaliBatches:
         decoded on the CPU: every file on the CPU; on a GPU every file but the
         JPEGs (nvImageCodec decodes no PNG on the GPU); with the GPU-ready
         cache, only the files it had to fill (cached entries are not decoded
-        on the CPU). With the batched PNG decoder (`Input.PIXELS`),
-        `gpu_png_decodes` (PNGs its kernels decoded) and `cpu_decodes` (its
-        fallbacks and the non-PNG files, decoded by TF)."""
-        if self.input is Input.PIXELS:
-            return [{"gpu_png_decodes": 0, "cpu_decodes": 0, **t}
-                    for t in list(self.feed.epoch_tallies)]
+        on the CPU)."""
         if self.input not in (Input.FILES, Input.FILES_OR_RAW):
             return self.feed.epoch_stats
         gpu = self.device == "gpu"
@@ -282,7 +257,7 @@ class DaliBatches:
     # -- pipelines ---------------------------------------------------------
     def _build(self) -> tuple[object, _Slot]:
         host = HostPixels(self.spec.channels) if self.host_pixels else None
-        slot = _Slot(self.png, raw=self.input is Input.READY_RAW, host=host)
+        slot = _Slot(raw=self.input is Input.READY_RAW, host=host)
         with self._lock:
             self.pipeline_builds += 1
         pipe = build_pipeline(slot, self.spec, self.batch_size, gpu=self.device == "gpu",
@@ -332,8 +307,6 @@ class DaliBatches:
                 except Exception as err:  # DALI's pipeline died on some file
                     if exiting():
                         return  # its feed stopped: nothing to blame, no pipeline to build
-                    if self.input is Input.PIXELS:
-                        raise  # DALI decoded nothing: no file to blame
                     pipe, slot = self._recover(err, slot, epoch)
                     continue
                 chunk = slot.pop()

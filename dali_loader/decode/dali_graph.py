@@ -199,8 +199,6 @@ def _input_pixels(dali, encoded, spec: ImageSpec, gpu: bool, input: Input, nativ
     the native PNG operator's `(pixels, ok)` on `encoded` (`Input.FILES` only)."""
     if native is not None:
         img = _native_or_decoded(dali, encoded, native, spec.channels, gpu)
-    elif input is Input.PIXELS:
-        img = encoded
     elif input is Input.READY_RAW:
         img = _raw_on_device(dali, encoded, gpu)
     elif input is Input.READY_TIFF:
@@ -237,8 +235,7 @@ def image_graph(dali, encoded, spec: ImageSpec, gpu: bool, input: Input = Input.
     mode: `Input.READY_COMPACT` entries are decoded by the native operator on the
     CPU and copied to the GPU; `Input.READY_RAW` entries are reshaped on the CPU and copied to the
     GPU (nothing is decoded); `Input.READY_TIFF` entries are decoded (with
-    `mixed` on a GPU), with no colour conversion. `Input.PIXELS` is already
-    decoded and on the graph's device: it goes straight to crop/pad/resize.
+    `mixed` on a GPU), with no colour conversion.
 
     `pixels` (CPU graphs of `Input.FILES` or `Input.FILES_OR_RAW` only): a
     second input of HWC uint8 pixels decoded on the host, in the output's
@@ -253,7 +250,6 @@ def image_graph(dali, encoded, spec: ImageSpec, gpu: bool, input: Input = Input.
     `(images, ok)` then: `ok` is the operator's per-sample flag (False for a host-
     pixel sample, whose encoded input is a placeholder).
     """
-    fn, t = dali.fn, dali.types
     native = None
     if png_native:
         if input is not Input.FILES:
@@ -270,6 +266,13 @@ def image_graph(dali, encoded, spec: ImageSpec, gpu: bool, input: Input = Input.
             img = _input_pixels(dali, encoded, spec, gpu, input, native)
     else:
         img = _input_pixels(dali, encoded, spec, gpu, input, native)
+    img = _resized(dali, img, spec)
+    return img if native is None else (img, native[1])
+
+
+def _resized(dali, img, spec: ImageSpec):
+    """HWC uint8 pixels cropped or padded to the aspect ratio, resized, transposed as `spec` asks."""
+    fn, t = dali.fn, dali.types
     interp, antialias = _interp(dali, spec.interpolation)
     out_dtype = t.UINT8 if spec.output_uint8 else t.FLOAT
     th, tw = spec.height, spec.width
@@ -292,7 +295,7 @@ def image_graph(dali, encoded, spec: ImageSpec, gpu: bool, input: Input = Input.
         img = fn.resize(img, size=(th, tw), **resize_kw)
     if spec.channels_first:
         img = fn.transpose(img, perm=[2, 0, 1])
-    return img if native is None else (img, native[1])
+    return img
 
 
 def default_num_threads() -> int:
@@ -322,7 +325,6 @@ def build_pipeline(
 
     Args:
         source: An iterable of batches (lists of 1-D uint8 numpy arrays; for
-            `Input.PIXELS`, HWC uint8 arrays: CuPy with `gpu`, else numpy; for
             `Input.READY_RAW`, `raw_views` of the entries; for `Input.READY_COMPACT`,
             the entries' bytes, decoded by the native operator);
             raising StopIteration ends an epoch (`cycle="raise"`).
@@ -355,9 +357,7 @@ def build_pipeline(
                 ndim=[1, 3], layout=["", "HWC"], no_copy=True, cycle="raise")
             return image_graph(dali, enc, spec, gpu, input, pixels=px, **native_kw)
         kw = {}
-        if input is Input.PIXELS:  # decoded HWC pixels, on the device they were decoded on
-            kw = dict(device="gpu" if gpu else "cpu", ndim=3, layout="HWC")
-        elif input is Input.READY_RAW:
+        if input is Input.READY_RAW:
             # HWC views of the entries' pixels (`raw_views`), held by `source` until
             # their batch is out: neither copied into DALI nor sliced there.
             kw = dict(ndim=3, layout="HWC", no_copy=True)
@@ -365,7 +365,7 @@ def build_pipeline(
             source=source, batch=True, dtype=dali.types.UINT8, cycle="raise", name="encoded", **kw
         )
         if input is Input.READY_RAW:
-            return image_graph(dali, enc.gpu() if gpu else enc, spec, gpu, Input.PIXELS)
+            return _resized(dali, enc.gpu() if gpu else enc, spec)  # decoded: no decode
         return image_graph(dali, enc, spec, gpu, input, **native_kw)
 
     pipe = make_pipeline(graph, spec, batch_size, gpu=gpu, device_id=device_id,

@@ -175,6 +175,7 @@ def decode_rgba_like_tf(data: bytes):
                 raw = np.asarray(im).astype(np.uint32) // (255 // ((1 << depth) - 1))
             else:
                 raw = np.asarray(im).astype(np.uint32)
+            grey: np.ndarray
             if depth == 16:
                 grey = raw >> 8
             else:
@@ -188,14 +189,14 @@ def decode_rgba_like_tf(data: bytes):
         elif color == 2:  # RGB 8/16 (Pillow keeps the high byte of 16-bit samples)
             rgb = np.asarray(im.convert("RGB"))
             if trns is not None and len(trns) >= 6:
-                key = struct.unpack(">3H", trns[:6])
+                rgb_key = struct.unpack(">3H", trns[:6])
                 if depth == 16:
                     low = np.asarray(_rgb16_low_bytes(data)).astype(np.uint32)
                     full = (rgb.astype(np.uint32) << 8) | low
                 else:
                     full = rgb.astype(np.uint32)
-                    key = tuple(k & 0xFF for k in key)
-                alpha = np.where((full == np.array(key, np.uint32)).all(-1), 0, 255)
+                    rgb_key = tuple(k & 0xFF for k in rgb_key)
+                alpha = np.where((full == np.array(rgb_key, np.uint32)).all(-1), 0, 255)
             else:
                 alpha = np.full(rgb.shape[:2], 255)
             out = np.concatenate([rgb, alpha[..., None].astype(np.uint8)], -1)
@@ -347,7 +348,8 @@ def _prepared(data: bytes, path: str, rgba: bool, max_pixels: int | None) -> byt
             raise CorruptImageError(path, problem)
         if damaged:  # what libpng does: drop them, decode the rest
             data = _drop(data, damaged)
-        size = (h.width, h.height)
+        assert h is not None  # a walk with no problem read the IHDR
+        size: tuple[int, int] | None = (h.width, h.height)
     else:
         size = image_size(data, kind)
     problem = over_limit(size, max_pixels)

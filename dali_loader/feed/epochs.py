@@ -248,6 +248,7 @@ class FeedEpoch:
         order = self.order.tolist()
         # A positional reader (the GPU-ready cache's) takes index positions, not paths.
         keys = order if getattr(self._items, "positional", False) else (self._paths[p] for p in order)
+        self._stream: Iterator[Any]
         if feed._reader is not None:
             self._stream = feed._reader.map(keys, discard=self._items.release, fn=read)
         else:

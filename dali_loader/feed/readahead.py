@@ -116,7 +116,8 @@ class Ordered:
     def _discard_result(self, f: cf.Future) -> None:
         if not f.cancelled():
             result = f.result()
-            if not isinstance(result, Exception):  # a failed read holds nothing
+            # a failed read holds nothing; `_discard` is set where this callback is added
+            if not isinstance(result, Exception) and self._discard is not None:
                 self._discard(result)
 
     def __del__(self):

@@ -36,7 +36,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal, overload
 
 import numpy as np
 
@@ -48,6 +48,11 @@ from dali_loader.storage.cache import DerivedMeta, DiskCache, WriteFailures
 logger = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1  # bump when what an entry holds changes
+
+
+# An entry's bytes: read as they are, or a view of the memory `alloc` gave (no copy).
+# (A name of its own: inside `ReadyCache`, `bytes` is the method.)
+Blob = bytes | bytearray | memoryview
 
 
 class ReadyCache:
@@ -93,7 +98,7 @@ class ReadyCache:
         if tally is not None:
             tally.add(f"cache_{what}")
 
-    def bytes(self, path: str, tally=None) -> bytes:
+    def bytes(self, path: str, tally=None) -> Blob:
         """The entry's bytes, checked against its CRC32C (filled first when missing);
         a large entry is not copied."""
         data = self.cache.get(self.namespace, self.meta(path), remember=False, view=True,
@@ -103,8 +108,15 @@ class ReadyCache:
             return data
         return self.fill(path, tally)
 
+    @overload
     def fill(self, path: str, tally=None, store: bool = True,
-             read_back: bool = True) -> bytes | None:
+             read_back: Literal[True] = True) -> Blob: ...
+    @overload
+    def fill(self, path: str, tally=None, store: bool = True, *,
+             read_back: bool) -> Blob | None: ...
+
+    def fill(self, path: str, tally=None, store: bool = True,
+             read_back: bool = True) -> Blob | None:
         """Reads and decodes `path` on the CPU, stores its entry (unless not
         `store`), returns its bytes (None when it was stored and not `read_back`:
         the caller opens the entry itself).
@@ -225,7 +237,7 @@ class ReadyPinned:
         self.ready = ready
         self.table = ReadyTable(ready, paths)
 
-    def __call__(self, pos: int, tally=None) -> OpenEntry | bytes:
+    def __call__(self, pos: int, tally=None) -> OpenEntry | Blob:
         item = self.table.open(pos)
         if item is None:
             # Filled, then opened like a hit: the pixels are read once, from the file
@@ -265,16 +277,18 @@ class ReadyBytes:
         self.ready = ready
         self.table = ReadyTable(ready, paths)
 
-    def __call__(self, pos: int, tally=None) -> bytes:
+    def __call__(self, pos: int, tally=None) -> Blob:
         item = self.table.open(pos)
         if item is None:
             return self.ready.fill(self.table.paths[pos], tally)
         try:
             size = os.fstat(item.fd).st_size - item.offset
+            data: Blob
             if self.ready.alloc is None:
                 data = os.pread(item.fd, size, item.offset)
             else:  # into the decoder's pooled memory: a large entry does not add a copy
-                buf = memoryview(self.ready.alloc(size)).cast("B")
+                # numpy's stubs give ndarray `__buffer__` (typing's Buffer) from Python 3.12 only
+                buf = memoryview(self.ready.alloc(size)).cast("B")  # type: ignore[arg-type]
                 data = buf[:os.preadv(item.fd, [buf], item.offset)]
         except OSError as e:
             raise UnreadableFileError(self.table.paths[pos], f"reading its cache entry failed ({e})") from None

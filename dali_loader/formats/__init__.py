@@ -13,6 +13,6 @@ theirs (nor of `plan`, `tfdata` or the tools):
 - `cache_entry`: the disk cache's entry header (magic, length, JSON fields).
 
 What a consumer accepts, what falls back and which error it raises stays with
-the consumer (`feed.checks`, `decode.png_cpu`, `decode.png_gpu.parse`,
+the consumer (`feed.checks`, `decode.png_cpu`,
 `storage.cache`): only the reading is here.
 """

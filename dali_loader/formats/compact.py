@@ -147,9 +147,9 @@ def encode(pixels: np.ndarray, filter: int = FILTER, level: int = LEVEL,
     size, why = ctypes.c_size_t(0), ctypes.c_char_p()
     if lib.dl_entry_encode(pixels.ctypes.data, h, w, c, filter, level, chunk_bytes,
                            out.ctypes.data, bound, ctypes.byref(size), ctypes.byref(why)):
-        raise ValueError(f"The core could not write the entry ({why.value.decode()}). "
+        raise ValueError(f"The core could not write the entry ({(why.value or b'').decode()}). "
                          f"Received: filter={filter}, level={level}")
-    return memoryview(out)[:size.value]
+    return out.data[:size.value]  # a memoryview of `out` (numpy's buffer), not a copy
 
 
 def info(data, max_pixels: int | None = MAX_PIXELS) -> EntryInfo:
@@ -159,9 +159,9 @@ def info(data, max_pixels: int | None = MAX_PIXELS) -> EntryInfo:
     arr, ptr = _buffer(data)
     raw, why = _Info(), ctypes.c_char_p()
     if lib.dl_entry_info_of(ptr, arr.size, max_pixels or 0, ctypes.byref(raw), ctypes.byref(why)):
-        raise EntryError(f"Not a sound compact entry: {why.value.decode()}. "
+        raise EntryError(f"Not a sound compact entry: {(why.value or b'').decode()}. "
                          f"Received: {arr.size} bytes")
-    return EntryInfo(*(getattr(raw, f) for f, _ in _Info._fields_))
+    return EntryInfo(*(getattr(raw, f) for f, *_ in _Info._fields_))
 
 
 def decode_into(data, out: np.ndarray, max_pixels: int | None = MAX_PIXELS) -> None:
@@ -175,7 +175,7 @@ def decode_into(data, out: np.ndarray, max_pixels: int | None = MAX_PIXELS) -> N
     why = ctypes.c_char_p()
     if lib.dl_entry_decode_into(ptr, arr.size, max_pixels or 0, out.ctypes.data, out.nbytes,
                                 ctypes.byref(why)):
-        raise EntryError(f"A compact entry the core refuses: {why.value.decode()}. "
+        raise EntryError(f"A compact entry the core refuses: {(why.value or b'').decode()}. "
                          f"Received: {arr.size} bytes")
 
 

@@ -2,8 +2,8 @@
 
 Reading only: what a walker accepts, which chunks it trusts and what it says
 about a bad file is its own (`feed.checks.walk_png`: libpng's rules;
-`decode.png_cpu.read_header`: the Wuffs front end's; `decode.png_gpu.parse`:
-the GPU decoder's). `chunks` yields each whole chunk and raises `ChunkError`
+`decode.png_cpu.read_header`: the Wuffs front end's; `experimental/png_gpu/parse.py`,
+outside the package: the GPU decoder's). `chunks` yields each whole chunk and raises `ChunkError`
 where one is cut short; `crc_ok` checks one chunk's CRC (a large chunk is not copied).
 """
 

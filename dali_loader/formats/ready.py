@@ -29,6 +29,7 @@ from __future__ import annotations
 import enum
 import io
 import struct
+from typing import Any
 
 import numpy as np
 
@@ -92,7 +93,7 @@ def encode_tiff(pixels: np.ndarray, level: int = TIFF_LEVEL,
 
     pixels = _as_hwc(pixels)
     h, w, c = pixels.shape
-    kw = {}
+    kw: dict[str, Any] = {}  # tifffile.imwrite's keyword arguments
     if c == 1:
         pixels, photometric = pixels[:, :, 0], "minisblack"
     else:
@@ -116,7 +117,7 @@ def decode_tiff(data: bytes) -> np.ndarray:
     return arr[:, :, None] if arr.ndim == 2 else arr
 
 
-def encode(pixels: np.ndarray, form: ReadyForm) -> bytes:
+def encode(pixels: np.ndarray, form: ReadyForm) -> bytes | memoryview:
     """`pixels` (HxWxC uint8) in `form`."""
     if form is ReadyForm.COMPACT:
         from dali_loader.formats import compact

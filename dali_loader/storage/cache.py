@@ -68,11 +68,17 @@ _MAX_REMEMBERED = 200_000  # entries whose verification and LRU refresh one proc
 class ObjectMeta(Protocol):
     """What the cache needs to know about an object (``remote.ObjectInfo`` fits)."""
 
-    name: str
-    size: int
-    generation: str
-    crc32c: str | None
-    md5: str | None
+    # Read-only (properties): `remote.ObjectInfo` is a frozen dataclass.
+    @property
+    def name(self) -> str: ...
+    @property
+    def size(self) -> int: ...
+    @property
+    def generation(self) -> str: ...
+    @property
+    def crc32c(self) -> str | None: ...
+    @property
+    def md5(self) -> str | None: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -273,6 +279,7 @@ class DiskCache:
         then gives the writable uint8 array the file is read into (default: bytes)."""
         path = self.path_for(bucket, meta)
         try:
+            blob: bytes | memoryview
             with open(path, "rb") as f:
                 if view and alloc is not None:
                     buf = memoryview(alloc(os.fstat(f.fileno()).st_size)).cast("B")
@@ -312,7 +319,7 @@ class DiskCache:
         try:
             head = os.pread(fd, 4096, 0)
             end = cache_entry.header_end(head)
-            problem = "bad header"
+            problem: str | None = "bad header"
             if end is not None:
                 if end > len(head):
                     head = os.pread(fd, end, 0)

@@ -22,7 +22,7 @@ import socket
 import ssl
 import urllib.parse
 import urllib.request
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from collections.abc import Iterator
 
 from dali_loader.errors import StorageError
@@ -68,7 +68,7 @@ class GCSBackend:
         self._pool = urllib3.PoolManager(num_pools=4, maxsize=pool_size, retries=False)
         self._u3_timeout = urllib3.Timeout(connect=self.timeout[0], read=self.timeout[1])
         self._media_base = f"{self.client.api_endpoint}/download/storage/v1/b/{urllib.parse.quote(bucket, safe='')}/o/"
-        self._auth_request = None
+        self._auth_request: Any = None  # google.auth's Request, made on first use
 
     def check(self, prefix: str) -> bool:
         """One listing request under a short deadline: whether any object exists under ``prefix``.
@@ -237,7 +237,7 @@ def network_cause(exc: BaseException) -> str | None:
     return None
 
 
-def _one_line(text: str, limit: int = 160) -> str:
+def _one_line(text: object, limit: int = 160) -> str:
     text = " ".join(str(text).split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
@@ -290,7 +290,7 @@ def listing_error(exc: BaseException, *, url: str, bucket: str, endpoint: str,
             anonymous and isinstance(exc, auth_exceptions.GoogleAuthError)):
         # With anonymous credentials the client answers a 401 by trying to refresh them, which fails.
         detail = ("the bucket does not allow anonymous access and no credentials were found" if anonymous
-                  else f"the credentials were rejected ({_one_line(getattr(exc, 'message', exc))})")
+                  else f"the credentials were rejected ({_one_line(exc.message if hasattr(exc, 'message') else exc)})")
         return StorageError(f"Cannot list {url}: HTTP 401, {detail}. To provide credentials, {_CREDENTIALS_FIX}.")
     if isinstance(exc, api_exceptions.Forbidden):
         return StorageError(f"Cannot list {url}: HTTP 403, access to bucket {bucket!r} denied for {_who(credentials)} "

@@ -231,9 +231,11 @@ class RemoteSource:
 
     def unpin(self, pinned: str) -> None:
         """Releases a file returned by `pin`."""
+        assert self.cache is not None  # `pin` returns a file only with a cache
         self.cache.unpin(pinned)
 
     def _write_behind(self, info: ObjectInfo, data: bytes) -> None:
+        assert self.cache is not None  # `fetch` writes behind only with a cache
         if self._writer is None:
             with self._writer_lock:
                 if self._writer is None:
@@ -260,7 +262,7 @@ class RemoteSource:
             if isinstance(err, OSError):
                 self._write_failures.add(err)  # logged once per cause
             else:
-                logger.warning("Could not write to the cache %s: %s", self.cache.root, err)
+                logger.warning("Could not write to the cache %s: %s", getattr(self.cache, "root", None), err)
 
     def flush(self) -> None:
         """Wait until every cache write queued by fetch() is on disk."""

@@ -14,7 +14,7 @@ def is_remote(path: object) -> bool:
     if not isinstance(path, str):
         return False
     m = _SCHEME_RE.match(path)
-    return bool(m) and m.group(1).lower() != "file"
+    return m is not None and m.group(1).lower() != "file"
 
 
 def parse_url(url: str) -> tuple[str, str, str]:

@@ -25,8 +25,7 @@ import numpy as np
 
 from dali_loader import probes
 from dali_loader.decode.dali_batches import DaliBatches
-from dali_loader.decode.dali_graph import Input, default_num_threads
-from dali_loader.decode.png_batches import PngBatches
+from dali_loader.decode.dali_graph import default_num_threads
 from dali_loader.decode.png_stage import KerasPixels, RawOrCheckedItems
 from dali_loader.decode.spec import ImageSpec
 from dali_loader.formats.ready import ReadyForm
@@ -91,18 +90,12 @@ def make_loader(source: Source, index: Index, spec: ImageSpec, plan: Plan | None
             items = ReadyBytes(ready, index.paths)
         elif reader is ItemReader.RAW_OR_CHECKED:
             items = RawOrCheckedItems(source, pixels)
-        elif plan.dali_input is Input.PIXELS:  # the decoder expands alpha itself
-            items = CheckedBytes(source, max_pixels=o.max_pixels)
         else:
             items = CheckedBytes(source, rgba=spec.channels == 4, max_pixels=o.max_pixels)
         feed = Feed(index, items, chunk_size=batch_size, **kw)
-        if plan.dali_input is Input.PIXELS:
-            stage = PngBatches(spec.channels, device=plan.device.value, device_id=plan.device_id)
-            loader = DaliBatches(feed, spec, png=stage, **dali)
-        else:
-            loader = DaliBatches(feed, spec, png_native=plan.png_where is PngWhere.DALI_OP,
-                                 max_pixels=o.max_pixels,
-                                 host_pixels=plan.big_pngs is BigPngs.TF_BEFORE_DALI, **dali)
+        loader = DaliBatches(feed, spec, png_native=plan.png_where is PngWhere.DALI_OP,
+                             max_pixels=o.max_pixels,
+                             host_pixels=plan.big_pngs is BigPngs.TF_BEFORE_DALI, **dali)
     elif reader is ItemReader.READY_PINNED:  # whole batches of entries, resized as one tensor
         loader = Feed(index, ReadyPinned(ready, index.paths), chunk_size=batch_size, **kw)
     elif reader is ItemReader.READY_BYTES:  # compact entries: whole batches for the TF op

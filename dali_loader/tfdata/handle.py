@@ -47,7 +47,7 @@ class LoaderHandle:
     @property
     def epoch_stats(self) -> list[dict[str, int]]:
         """Per finished epoch, its counts: `files`, `cpu_decodes`, and by path
-        `png_native`, `png_fast`, `png_fallbacks`, `cache_fills`, `gpu_png_decodes`..."""
+        `png_native`, `png_fast`, `png_fallbacks`, `cache_fills`..."""
         return self.engine.epoch_stats
 
     @property

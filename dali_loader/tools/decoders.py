@@ -15,7 +15,7 @@ from dali_loader.formats.sniff import sniff
 
 # TF's decoders behind tf.io.decode_image, by format (what the CPU default runs).
 TF_DECODERS = {"JPEG": "libjpeg-turbo", "GIF": "giflib", "BMP": "TF's BMP decoder"}
-PNG_DECODERS = {"libpng": "libpng", "wuffs": "Wuffs", "gpu": "GPU (png_gpu)"}
+PNG_DECODERS = {"libpng": "libpng", "wuffs": "Wuffs"}
 FORMATS = ("PNG", "JPEG", "GIF", "BMP")
 
 

@@ -4,7 +4,7 @@
 #   run(command="bash device_checks/compact_gpu_check/run_on_device.sh",
 #       carry=["build/png_gpu_check", "dali_loader/native/_build/libdlpng.so"], timeout_s=330)
 #
-# after `.venv/bin/python device_checks/png_gpu_check/prepare.py` (nvCOMP 6 wheels) and
+# after `.venv/bin/python experimental/png_gpu_check/prepare.py` (nvCOMP 6 wheels) and
 # `python -m dali_loader.native.build` (libdlpng.so) here. Installs the carried nvCOMP wheels
 # into /tmp/site and runs device_check.py under a 285 s timeout; its JSON lands in $OUT.
 # Exit: device_check.py's (0 exact, 1 mismatch, 2 could not run), 124 on the timeout.
@@ -22,7 +22,7 @@ if ls build/png_gpu_check/whl/*.whl >/dev/null 2>&1; then
     echo "pip install of the carried wheels failed:"; tail -n 20 "$OUT/pip.log"; exit 2
   fi
 elif [ "${1:-}" != "--dry-run" ]; then
-  echo "missing build/png_gpu_check/whl: run device_checks/png_gpu_check/prepare.py and carry it"
+  echo "missing build/png_gpu_check/whl: run experimental/png_gpu_check/prepare.py and carry it"
   exit 2
 fi
 export PYTHONPATH="$SITE:$PWD:$PWD/tests${PYTHONPATH:+:$PYTHONPATH}"  # tests/: support.pngs

@@ -26,17 +26,17 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from dali_loader.decode.png_gpu.inflate import InflateBackend
-from dali_loader.decode.png_gpu.pack import ADLER_THREADS, BAD_FILTER, BAD_INDEX, pack
-from dali_loader.decode.png_gpu.parse import Fallback, PngLayout, parse_png
+from experimental.png_gpu.inflate import InflateBackend
+from experimental.png_gpu.pack import ADLER_THREADS, BAD_FILTER, BAD_INDEX, pack
+from experimental.png_gpu.parse import Fallback, PngLayout, parse_png
 from dali_loader.formats.png import PALETTE, RGB, RGBA
-from dali_loader.lazy import import_cupy, import_numba_cuda
+from experimental.png_gpu.lazy import import_cupy, import_numba_cuda
 
 CHANNELS = (1, 3, 4)
 MAX_BATCH = 65535  # the expand kernel's grid y dimension: larger batches run in parts
 
 # Whether a GPU run has confirmed the batched PNG decoder bit-exact with libpng
-# (device_checks/png_gpu_check, with nvCOMP): yes, on an H200 on 2026-12-04 (docs/png_gpu.md,
+# (experimental/png_gpu_check, with nvCOMP): yes, on an H200 on 2026-12-04 (docs/png_gpu.md,
 # "Measured on a GPU"). It stays opt-in (`png_decoder="gpu"`): at the batch sizes of training
 # (64-256) it decoded fewer images per second than the machine's 16 cores did.
 PNG_GPU_VERIFIED = True
@@ -143,7 +143,7 @@ def decode_pngs(blobs: Sequence[bytes], channels: int, *, backend: InflateBacken
 def _run(layouts: list[PngLayout], channels: int, backend: InflateBackend, launch: Launch,
          executor: Executor | None):
     cuda = import_numba_cuda()
-    from dali_loader.decode.png_gpu.kernels import adler32, expand, unfilter
+    from experimental.png_gpu.kernels import adler32, expand, unfilter
 
     batch = pack(layouts, channels, empty=backend.empty_host, executor=executor)
     inflated, sizes = backend.inflate(batch)

@@ -16,7 +16,7 @@ Adler-32 afterwards.
   Deflate input (https://docs.nvidia.com/cuda/nvcomp/py_api.html). When the batch
   call raises (an output too small for a stream), each stream is retried alone
   to find the bad ones. Unverified until a device run passes
-  (device_checks/png_gpu_check).
+  (experimental/png_gpu_check).
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from typing import Protocol
 
 import numpy as np
 
-from dali_loader.decode.png_gpu.pack import PackedBatch
-from dali_loader.lazy import import_cupy, import_nvcomp
+from experimental.png_gpu.pack import PackedBatch
+from experimental.png_gpu.lazy import import_cupy, import_nvcomp
 
 logger = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ Prints, per 500x375 photo PNG (the device check's `make_photo`, one thread): the
 gives differently from (9797, 19234, 3737) >> 15 (libpng's truncated weights, the kernel's)
 and from (9798, 19235, 3735) (the rounded ones).
 
-    .venv/bin/python device_checks/png_gpu_check/host_costs.py [--photos 64]
+    .venv/bin/python experimental/png_gpu_check/host_costs.py [--photos 64]
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ sys.path[:0] = [HERE, os.path.dirname(os.path.dirname(HERE)),
 
 import numpy as np  # noqa: E402
 
-from dali_loader.decode.png_gpu.decoder import plan  # noqa: E402
-from dali_loader.decode.png_gpu.pack import pack  # noqa: E402
+from experimental.png_gpu.decoder import plan  # noqa: E402
+from experimental.png_gpu.pack import pack  # noqa: E402
 from dali_loader.lazy import import_tf  # noqa: E402
 from support.pngs import encode_png  # noqa: E402
 from device_check import make_photo  # noqa: E402

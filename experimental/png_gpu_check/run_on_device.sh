@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The GPU PNG decoder's device check, as the device tool runs it (README.md in this folder):
 #
-#   run(command="bash device_checks/png_gpu_check/run_on_device.sh",
+#   run(command="bash experimental/png_gpu_check/run_on_device.sh",
 #       carry=["build/png_gpu_check"], timeout_s=330)
 #
-# after `.venv/bin/python device_checks/png_gpu_check/prepare.py` here. Installs the carried
+# after `.venv/bin/python experimental/png_gpu_check/prepare.py` here. Installs the carried
 # nvCOMP wheels into /tmp/site (no index, no dependencies) and runs device_check.py under
 # a 285 s timeout; its JSON lands in $OUT. Exit: device_check.py's (0 exact, 1 mismatch,
 # 2 could not run), 124 on the timeout. Extra arguments go to device_check.py
@@ -25,9 +25,9 @@ export PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export LD_LIBRARY_PATH="$SITE/nvidia/libnvcomp/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 rc=0
 if [ "${1:-}" = "--phases" ]; then  # where a batch's time goes (phases.py), not the check
-  timeout -k 10 285 "$PY" device_checks/png_gpu_check/phases.py || rc=$?
+  timeout -k 10 285 "$PY" experimental/png_gpu_check/phases.py || rc=$?
 else
-  timeout -k 10 285 "$PY" device_checks/png_gpu_check/device_check.py --out "$OUT" "$@" || rc=$?
+  timeout -k 10 285 "$PY" experimental/png_gpu_check/device_check.py --out "$OUT" "$@" || rc=$?
 fi
 [ "$rc" -eq 124 ] && echo "!! device_check.py ran out of its 285 s (the JSON holds the phases done)"
 exit "$rc"

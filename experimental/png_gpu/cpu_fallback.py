@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from dali_loader.decode.png_gpu.parse import Fallback
+from experimental.png_gpu.parse import Fallback
 from dali_loader.decode.tf_kernels import pixels_like_keras
 from dali_loader.errors import BadFileError
 from dali_loader.lazy import import_tf

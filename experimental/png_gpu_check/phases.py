@@ -2,7 +2,7 @@
 a GPU"): host parse (one thread and 16), pack, nvCOMP's inflate, and each kernel, with the
 device synchronised after every phase. Runs on the device like `device_check.py`:
 
-    bash device_checks/png_gpu_check/run_on_device.sh --phases
+    bash experimental/png_gpu_check/run_on_device.sh --phases
 """
 
 from __future__ import annotations
@@ -33,10 +33,10 @@ def best(fn, rounds: int = 3) -> float:
 def main() -> int:
     from numba import cuda
 
-    from dali_loader.decode.png_gpu import Launch, NvcompInflate
-    from dali_loader.decode.png_gpu.decoder import plan
-    from dali_loader.decode.png_gpu.kernels import adler32, expand, unfilter
-    from dali_loader.decode.png_gpu.pack import pack
+    from experimental.png_gpu import Launch, NvcompInflate
+    from experimental.png_gpu.decoder import plan
+    from experimental.png_gpu.kernels import adler32, expand, unfilter
+    from experimental.png_gpu.pack import pack
     import cupy as cp
 
     photos = [make_photo(i, (375, 500))[0] for i in range(256)]

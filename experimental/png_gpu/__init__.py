@@ -6,14 +6,14 @@ Opt-in (`png_decoder="gpu"`; bit-exact on a GPU: `PNG_GPU_VERIFIED`); `decode_pn
 completes a batch's fallbacks. Heavy imports (numba, CuPy, nvCOMP, TF) are lazy.
 """
 
-from dali_loader.decode.png_gpu.decoder import (
+from experimental.png_gpu.decoder import (
     PNG_GPU_VERIFIED,
     Launch,
     PngDecodeStats,
     decode_pngs,
 )
-from dali_loader.decode.png_gpu.inflate import InflateBackend, NvcompInflate, ZlibInflate
-from dali_loader.decode.png_gpu.parse import Fallback, PngLayout, parse_png
+from experimental.png_gpu.inflate import InflateBackend, NvcompInflate, ZlibInflate
+from experimental.png_gpu.parse import Fallback, PngLayout, parse_png
 
 __all__ = ["PNG_GPU_VERIFIED", "Launch", "PngDecodeStats", "decode_pngs",
            "InflateBackend", "NvcompInflate", "ZlibInflate", "Fallback", "PngLayout", "parse_png"]

@@ -21,7 +21,7 @@ The 2,000 timing photos are NOT carried: `device_check.py` generates them on the
 device (numpy + zlib, `tests/support/pngs.py`), their source pixels being the
 reference. Prints the carried total (limit 64 MiB) and the device tool's call.
 
-    .venv/bin/python device_checks/png_gpu_check/prepare.py [--cuda 12|13] [--real 24]
+    .venv/bin/python experimental/png_gpu_check/prepare.py [--cuda 12|13] [--real 24]
         [--print-device-call]
 """
 
@@ -122,8 +122,8 @@ def prepare_data(pngsuite: str, num_real: int, full_ref_real: int) -> dict:
 def expected_batched(suite: list[str]) -> dict[str, list[str]]:
     """Per mode, the PngSuite files the host parse sends to the batched path (the
     device must decode exactly these there)."""
-    from dali_loader.decode.png_gpu.decoder import plan
-    from dali_loader.decode.png_gpu.parse import Fallback
+    from experimental.png_gpu.decoder import plan
+    from experimental.png_gpu.parse import Fallback
 
     blobs = [open(os.path.join(DATA_DIR, "pngsuite", f), "rb").read() for f in suite]
     return {str(c): [f for f, p in zip(suite, plan(blobs, c)) if not isinstance(p, Fallback)]
@@ -135,7 +135,7 @@ def tree_bytes(path: str) -> int:
 
 
 def device_call() -> str:
-    return json.dumps({"command": "bash device_checks/png_gpu_check/run_on_device.sh",
+    return json.dumps({"command": "bash experimental/png_gpu_check/run_on_device.sh",
                        "carry": CARRY, "timeout_s": TIMEOUT_S})
 
 

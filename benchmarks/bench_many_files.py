@@ -19,9 +19,9 @@ project's listing alone (`RemoteSource.list_objects`, client CPU per object); th
 `image_dataset_from_directory` (lists, writes the manifest); and a new process's
 construction from the manifest.
 
-    .venv/bin/python benchmarks/bench_scale.py                       # everything (~15 min on 2 cores)
-    .venv/bin/python benchmarks/bench_scale.py --sizes 10000 --no-gcs   # a quick look
-    .venv/bin/python benchmarks/bench_scale.py --no-local --no-gcs      # CPU per image only
+    .venv/bin/python benchmarks/bench_many_files.py                       # everything (~15 min on 2 cores)
+    .venv/bin/python benchmarks/bench_many_files.py --sizes 10000 --no-gcs   # a quick look
+    .venv/bin/python benchmarks/bench_many_files.py --no-local --no-gcs      # CPU per image only
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from dali_loader.decode.png_gpu.parse import PngLayout
+from experimental.png_gpu.parse import PngLayout
 
 ALIGN = 256  # bytes; nvCOMP asks for 8 (Deflate), 256 keeps rows of different images apart
 ADLER_THREADS = 128  # the Adler-32 kernel's most threads per block (its shared arrays)

@@ -117,7 +117,7 @@ def compare(name: str, got, want_sha: str | None = None, want=None) -> str | Non
 
 
 def check_exact(backend, launch, manifest, refs, photos, dry: bool) -> dict:
-    from dali_loader.decode.png_gpu import Fallback, PngDecodeStats, decode_pngs
+    from experimental.png_gpu import Fallback, PngDecodeStats, decode_pngs
 
     suite = manifest["pngsuite"]
     blobs = [open(os.path.join(DATA, "pngsuite", f), "rb").read() for f in suite]
@@ -176,7 +176,7 @@ def check_broken(backend, launch, photos, hw) -> list[str]:
     """CRC-valid files with broken zlib streams: nvCOMP does not validate Deflate input, so
     the Adler-32/size/filter checks must send each to the CPU. Run last: if nvCOMP hung on
     one, the phases before are already in the JSON."""
-    from dali_loader.decode.png_gpu import Fallback, decode_pngs
+    from experimental.png_gpu import Fallback, decode_pngs
     from support.pngs import broken_streams
 
     broken = broken_streams(np.frombuffer(photos[0][1], np.uint8).reshape(hw + (3,)))
@@ -194,9 +194,9 @@ def sync() -> None:
 
 
 def time_gpu(backend, launch, photos, batches, rounds, deadline, executor) -> list[dict]:
-    from dali_loader.decode.png_gpu import decode_pngs
-    from dali_loader.decode.png_gpu.decoder import plan
-    from dali_loader.decode.png_gpu.pack import pack
+    from experimental.png_gpu import decode_pngs
+    from experimental.png_gpu.decoder import plan
+    from experimental.png_gpu.pack import pack
 
     rows = []
     for b in batches:
@@ -237,7 +237,7 @@ def _cpu_decode_pil(png: bytes) -> int:
 
 
 def _cpu_decode_zlib(png: bytes) -> int:
-    from dali_loader.decode.png_gpu.parse import parse_png
+    from experimental.png_gpu.parse import parse_png
 
     p = parse_png(png)
     raw = np.frombuffer(zlib.decompress(bytes(p.deflate), -15), np.uint8).copy()
@@ -346,7 +346,7 @@ def main(argv=None) -> int:
     try:
         from numba import cuda
 
-        from dali_loader.decode.png_gpu import Launch, NvcompInflate, ZlibInflate
+        from experimental.png_gpu import Launch, NvcompInflate, ZlibInflate
 
         if not args.dry_run and not cuda.is_available():
             log("!! numba.cuda sees no GPU")

@@ -27,8 +27,8 @@ numba runs the same source on the CPU, which is how CI tests it.
 
 from __future__ import annotations
 
-from dali_loader.decode.png_gpu.pack import ADLER_THREADS, BAD_FILTER, BAD_INDEX
-from dali_loader.lazy import import_numba_cuda
+from experimental.png_gpu.pack import ADLER_THREADS, BAD_FILTER, BAD_INDEX
+from experimental.png_gpu.lazy import import_numba_cuda
 
 # A module global, so that the simulator swaps in its own `cuda` when it runs a kernel.
 cuda = import_numba_cuda()
