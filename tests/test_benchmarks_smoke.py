@@ -52,8 +52,6 @@ BACKGROUND = {
                             "--malloc", "tuned", "--no-stage"),
     "test_bench_png_fill": ("bench_png_fill.py", "--num-images", "8", "--rounds", "1",
                             "--variants", "libpng,native"),
-    "test_gpu_ready_forms": ("gpu_ready_forms.py", "--num-images", "2", "--rounds", "1",
-                             "--min-seconds", "0.01", "--pngsuite", ""),
     "test_bench_plugin": ("bench_plugin.py", "--num-images", "8", "--epochs", "2",
                           "--batch-size", "4"),
     "test_epoch_startup": ("epoch_startup.py", "--num-images", "8", "--epochs", "2"),
@@ -322,13 +320,6 @@ def test_bench_vs_keras_fixed_cost():
     has_row(out, r"^\| ours \| NUM / NUM \| NUM / NUM \|$")
     has_row(out, r"^\| keras \| ParallelMapDataset \| NUM \|$")
     has_row(out, r"^\| ours \| SingleDeviceEnds \| NUM \|$")
-
-
-def test_gpu_ready_forms():
-    out = background("test_gpu_ready_forms")
-    has_row(out, r"^\| PNG \(source\) \| TF decode_png \(decode-only bound\) \| 1\.000 \|")
-    has_row(out, r"^\| TIFF deflate\+pred2 L6 64K \| DALI CPU \| NUM \| NUM \| NUM \(NUM\) \| 0 \|")
-    has_row(out, r"TIFF L6 64K \(DALI CPU\) / PNG \(TF decode_png\) +NUMx")
 
 
 def test_bench_matrix(tmp_path):

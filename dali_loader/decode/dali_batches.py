@@ -190,7 +190,7 @@ class DaliBatches:
         num_threads: DALI CPU threads (default: cores available).
         device_id: The CUDA device, with "gpu" (one per replica under a strategy).
         input: What the feed's items are: the files (`CheckedBytes`) or
-            GPU-ready cache entries (`feed.ready.ReadyBytes`), raw or TIFF,
+            GPU-ready cache entries (`feed.ready.ReadyBytes`), compact or raw,
             or `Input.PIXELS`: the files, decoded by `png` before DALI.
         png: With `Input.PIXELS`, the batched PNG decoder stage
             (`png_batches.PngBatches`, on `device`).
