@@ -14,7 +14,7 @@ DALI_VERSION ?= 2.4.0
 TF_PKG ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo 'tensorflow[and-cuda]' || echo tensorflow)
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
-.PHONY: install test test-fast lint fuse-lib demo gpu-check gpu-check-png gpu-check-compact gpu-check-tf bench clean
+.PHONY: install test test-fast lint fuse-lib demo gpu-check-png gpu-check-compact gpu-check-tf bench clean
 
 install: $(STAMP) $(NATIVE_LIBS)
 
@@ -75,18 +75,6 @@ demo: install
 bench: install
 	$(VPY) -m dali_loader.tools.cli bench out/bench-data --sample 600 --rounds 3 \
 		--only seed loader-cpu loader-dali decode-bound --out out/bench
-
-# The GPU-ready cache's GPU decode check (device_checks/gpu_ready_check/README.md): prepares the
-# wheels and data here, then runs the check where a GPU and Python 3.12 are, or else prints
-# the device tool's call.
-gpu-check: install
-	$(VPY) device_checks/gpu_ready_check/prepare.py
-	@if nvidia-smi -L >/dev/null 2>&1 && python3 -c 'import sys, numpy; sys.exit(sys.version_info[:2] != (3, 12))' 2>/dev/null; then \
-		bash device_checks/gpu_ready_check/run_on_device.sh; \
-	else \
-		echo "No GPU with Python 3.12 and numpy here. The device tool's call (run):"; \
-		$(VPY) device_checks/gpu_ready_check/prepare.py --print-device-call; \
-	fi
 
 # The batched GPU PNG decoder's check (experimental/png_gpu_check/README.md; an experiment
 # outside the package): prepares the nvCOMP wheels and the data here, then runs the check

@@ -81,7 +81,6 @@ class DaliInput(enum.Enum):
 
     FILES = "files"  # the dataset's files as they are (PNG, JPEG, ...)
     READY_RAW = "ready-raw"  # GPU-ready cache entries: the pixels Keras decodes, uncompressed
-    READY_TIFF = "ready-tiff"  # GPU-ready cache entries: TIFFs of the pixels Keras decodes
     # GPU-ready cache entries: the pixels Keras decodes in compact entries (formats.compact),
     # decoded by the native core's DALI operator.
     READY_COMPACT = "ready-compact"
@@ -163,7 +162,7 @@ DEVICES = (None, "auto", "cpu", "gpu")
 DECODERS = (None, "dali", "tf")
 ON_ERROR = ("raise", "skip")
 PNG_DECODERS = (None, *(d.value for d in PngDecoder))
-GPU_READY_VALUES = (None, False, True, "compact", "raw", "tiff")
+GPU_READY_VALUES = (None, False, True, "compact", "raw")
 HANDOFFS = (None, *(h.value for h in Handoff))
 # The TF path's decode calls in flight per core by default (`_decode_calls`).
 CALLS_PER_CORE = 2
@@ -171,11 +170,6 @@ CALLS_PER_CORE = 2
 FUSED_MAX_PAD_SHARE = 0.25
 _ADDRESS = re.compile(r"^grpc://(?P<host>\[[0-9a-fA-F:]+\]|[A-Za-z0-9_.-]+):(?P<port>\d{1,5})$")
 
-# Whether a GPU run has confirmed that DALI's `mixed` decoder decodes `TIFF`
-# entries on the GPU (nvTIFF), bit-exactly (device_checks/gpu_ready_check). Until
-# then `gpu_ready="tiff"` works but warns: on a GPU the TIFF may be decoded on
-# the CPU (nvImageCodec falls back to libtiff when nvTIFF refuses a file).
-TIFF_GPU_DECODE_VERIFIED = False
 
 
 # -- what resolve reads ------------------------------------------------------------
@@ -522,14 +516,18 @@ def _gpu_ready_value(d: _Draft) -> ReadyForm | None:
     value = d.o.gpu_ready
     if isinstance(value, ReadyForm):
         return value
+    if value == "tiff":
+        raise ValueError(
+            'gpu_ready="tiff" was retired: compact entries (gpu_ready=True) are smaller (1.05x '
+            "the PNGs' bytes against 1.13x) and decode faster, on the CPU and on a GPU "
+            "(docs/gpu_ready.md). Use gpu_ready=True. Received: gpu_ready='tiff'")
     if value not in GPU_READY_VALUES or (value is not None and not isinstance(
             value, (bool, str))):
-        raise ValueError('`gpu_ready` must be None, False, True, "compact", "raw" or "tiff". '
+        raise ValueError('`gpu_ready` must be None, False, True, "compact" or "raw". '
                          f"Received: gpu_ready={value!r}")
     if value is None or value is False:
         return None
-    return {"tiff": ReadyForm.TIFF, "raw": ReadyForm.RAW}.get(
-        value, ReadyForm.COMPACT)  # type: ignore[arg-type]  # True: not a key, the default form
+    return ReadyForm.RAW if value == "raw" else ReadyForm.COMPACT
 
 
 def _handoff_value(d: _Draft) -> Handoff | None:
@@ -667,13 +665,6 @@ def _engine(d: _Draft) -> Because:
                                       "than DALI's there)")
 
 
-def _tiff_needs_dali(d: _Draft) -> None:
-    if d.cache_form is ReadyForm.TIFF and d.engine is not Engine.DALI:
-        raise ValueError(
-            'gpu_ready="tiff" stores TIFFs for DALI to decode; TensorFlow\'s kernels read the '
-            'raw form. Use gpu_ready=True, or decoder="dali". Received: gpu_ready=\'tiff\'')
-
-
 def _compact_built(d: _Draft) -> None:
     """Compact entries are decoded by the native core's op on the engine's path."""
     if d.cache_form is not ReadyForm.COMPACT or d.engine is Engine.SERVICE:
@@ -718,15 +709,6 @@ def _png_fill(d: _Draft) -> Because | None:
     d.notes.append("The fast PNG decoder (Wuffs) is not installed: the GPU-ready cache is "
                    f"filled with libpng, about 0.7x as fast; `make install` builds {_WUFFS_MISSING}.")
     return Because(PngDecoder.LIBPNG, "png_decoder=None: Wuffs is not installed")
-
-
-def _tiff_on_gpu(d: _Draft) -> None:
-    if (d.cache_form is ReadyForm.TIFF and d.device is Device.GPU
-            and not TIFF_GPU_DECODE_VERIFIED):
-        d.notes.append(
-            'gpu_ready="tiff": whether DALI decodes these TIFFs on the GPU is unverified; on a '
-            "fallback they are decoded on the CPU, no faster than the PNGs. gpu_ready=True "
-            "(raw entries) decodes nothing.")
 
 
 def _handoff(d: _Draft) -> Handoff | Because | None:
@@ -843,7 +825,7 @@ def _dali_input(d: _Draft) -> DaliInput | None:
     if d.engine is not Engine.DALI:
         return None
     if d.cache_form is not None:
-        return {ReadyForm.RAW: DaliInput.READY_RAW, ReadyForm.TIFF: DaliInput.READY_TIFF,
+        return {ReadyForm.RAW: DaliInput.READY_RAW,
                 ReadyForm.COMPACT: DaliInput.READY_COMPACT}[d.cache_form]
     return DaliInput.FILES_OR_RAW if d.png_where is PngWhere.FEED else DaliInput.FILES
 
@@ -949,7 +931,7 @@ RULES: tuple[Rule, ...] = (
     _set("png_asked", _png_decoder_value, 'png_decoder is None, "wuffs" or "libpng"'),
     _set("cache_form", _gpu_ready_value,
          'gpu_ready: None/False no cache; True/"compact" compact entries; "raw" raw '
-         'entries; "tiff" TIFF entries'),
+         'entries'),
     _set("handoff_asked", _handoff_value, 'handoff is None, "generator", "plugin" or "plugin-gpu"'),
     _set("shard", lambda d: Because(shard_of(d.o.input_context), "no input_context"
                                     if d.o.input_context is None else "input_context"),
@@ -961,12 +943,10 @@ RULES: tuple[Rule, ...] = (
     _set("engine", _engine,
          'DALI for decoder="dali" or a GPU (or numpy batches); the service with service=; '
          "else TF's kernels"),
-    _check(_tiff_needs_dali, 'gpu_ready="tiff" needs DALI: TF\'s kernels read the raw form'),
     _check(_compact_built, "compact entries need the native core's op on the engine's path"),
     _check(_wuffs_built, 'png_decoder="wuffs" needs its decoder built where it runs'),
     _set("png_fill", _png_fill,
          "cache fills: png_decoder as asked; None is Wuffs where installed, else libpng"),
-    _check(_tiff_on_gpu, 'gpu_ready="tiff" on a GPU: its GPU decode is unverified (a note)'),
     _set("handoff", _handoff,
          'DALI to tf.data: None is "plugin" on a GPU with batches and on_error="raise" or '
          'gpu_ready (where the plugin imports), else "generator"'),

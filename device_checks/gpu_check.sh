@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `make gpu-check`: the GPU tests, the local benchmark on the GPU path and the gs:// targets
+# `make gpu-check-tf`: the GPU tests, the local benchmark on the GPU path and the gs:// targets
 # (issue 3) on the machine's cores, in at most 10 minutes (each step has its own timeout:
 # 60 + 300 + 120 + 120 s). Run on a machine where TensorFlow and DALI see a CUDA GPU and
 # `make install` can reach PyPI. With $OUT set (the device tool), every step's output and
@@ -25,7 +25,7 @@ from dali_loader.decode.devices import dali_gpu_count
 tf_gpus, dali_gpus = tf.config.list_physical_devices("GPU"), dali_gpu_count()
 print("TF GPUs:", tf_gpus, "| DALI GPUs:", dali_gpus)
 if not tf_gpus or not dali_gpus:
-    sys.exit("gpu-check needs a CUDA GPU visible to both TensorFlow and DALI")
+    sys.exit("gpu-check-tf needs a CUDA GPU visible to both TensorFlow and DALI")
 PY
 
 failed=()

@@ -1,7 +1,7 @@
 """The GPU path: chosen automatically, same outputs as the CPU path.
 
 The GPU tests run only where TensorFlow and DALI both see a CUDA GPU
-(`make gpu-check`) and are skipped cleanly elsewhere. The calibration test at the
+(`make gpu-check-tf`) and are skipped cleanly elsewhere. The calibration test at the
 end runs on the CPU: it checks that the JPEG tolerance used on the GPU is one a
 missing fancy upsampling or an EXIF rotation would break.
 """

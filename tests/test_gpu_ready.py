@@ -43,25 +43,6 @@ def keras_pixels(path, channels):
     return tf.image.decode_image(data, channels=channels, expand_animations=False).numpy()
 
 
-def dali_decode_ready(entries, channels, gpu: bool = False):
-    """DALI's decoder on cache entries (`mixed` with `gpu`), through the graph the loader runs."""
-    import nvidia.dali as dali
-    from nvidia.dali import fn, pipeline_def, types
-
-    from dali_loader.decode.dali_graph import decode_ready
-
-    @pipeline_def(batch_size=len(entries), num_threads=2, device_id=0 if gpu else None)
-    def pipe():
-        enc = fn.external_source(source=lambda: [np.frombuffer(e, np.uint8) for e in entries],
-                                 batch=True, dtype=types.UINT8)
-        return decode_ready(dali, enc, channels, gpu=gpu)
-
-    p = pipe()
-    p.build()
-    (out,) = p.run()
-    return [np.asarray(t) for t in (out.as_cpu() if gpu else out)]
-
-
 def tf_decode_entries(entries, size: int = 64):
     """Compact entries decoded by the TF op (`tf_png.decode_entries`), `size` at a time."""
     from dali_loader.decode.tf_png import decode_entries
@@ -114,17 +95,14 @@ def ids(ds):
 @pytest.mark.parametrize("color_mode", sorted(MODES))
 @pytest.mark.parametrize("form", list(ReadyForm), ids=lambda f: f.name)
 def test_entries_hold_keras_pixels_exactly(suite, tmp_path, form, color_mode):
-    """Every valid PNG: the entry decodes to exactly the pixels Keras
-    decodes (TIFF: by DALI's CPU decoder, which parses what `mixed` parses)."""
+    """Every valid PNG: the entry decodes to exactly the pixels Keras decodes."""
     channels = MODES[color_mode]
     src, index = open_index(str(suite), labels=None, shuffle=False, cache_dir=str(tmp_path))
     with src:
         ready = ready_cache(src, form, channels)
         entries = [ready.bytes(p) for p in index.paths]
         assert (ready.fills, ready.hits) == (len(index.paths), 0)
-    if form is ReadyForm.TIFF:
-        got = dali_decode_ready(entries, channels)
-    elif form is ReadyForm.COMPACT:  # the TF op, and the DALI operator, in batches
+    if form is ReadyForm.COMPACT:  # the TF op, and the DALI operator, in batches
         got = tf_decode_entries(entries)
         for g, d in zip(got, dali_decode_entries(entries)):
             np.testing.assert_array_equal(d, g)
@@ -140,12 +118,12 @@ def test_entries_hold_keras_pixels_exactly(suite, tmp_path, form, color_mode):
 
 @pytest.mark.parametrize("color_mode", sorted(MODES))
 @pytest.mark.parametrize("decoder,gpu_ready", [("tf", True), ("dali", True), ("tf", "raw"),
-                                               ("dali", "raw"), ("dali", "tiff")])
+                                               ("dali", "raw")])
 def test_dataset_matches_keras_and_decodes_each_file_once(suite, tmp_path, decoder, gpu_ready,
                                                           color_mode):
     """Through image_dataset_from_directory, first and cached epoch: TF's
     kernels exactly; DALI (compact entries decoded by the native operator, raw
-    entries reshaped, or TIFFs decoded) up to float
+    entries reshaped) up to float
     rounding in the resize, for every file, including the grey-from-gAMA and
     16-bit files the uncached DALI path misses by up to 38.5 levels. CPU
     decodes: every file in epoch 0, none after."""
@@ -185,7 +163,7 @@ def test_tf_path_exact_for_every_resize_option(photo_tree, tmp_path, kw):
 
 
 @pytest.mark.parametrize("decoder,form", [("tf", "compact"), ("dali", "compact"), ("tf", "raw"),
-                                          ("dali", "raw"), ("dali", "tiff")])
+                                          ("dali", "raw")])
 def test_cache_is_shared_by_later_datasets_and_processes(photo_tree, tmp_path, decoder, form):
     """`dali-loader prefetch --gpu-ready` in another process fills the cache:
     the dataset's first epoch then decodes nothing on the CPU."""
@@ -333,7 +311,7 @@ def test_gpu_ready_values_and_default_off(photo_tree, tmp_path):
 
     assert form(None) is None and form(False) is None
     assert form(True) is ReadyForm.COMPACT and form("compact") is ReadyForm.COMPACT
-    assert form("raw") is ReadyForm.RAW and form("tiff") is ReadyForm.TIFF
+    assert form("raw") is ReadyForm.RAW
     # Compact entries need the native op of the engine's path; raw ones do not.
     bare = Environment(tf_gpus=0, wuffs=True, png_core=True, tf_png_op=False, dali_png_op=False,
                        cores=2, source_kind=SourceKind.LOCAL_DISK, has_pngs=True)
@@ -345,8 +323,9 @@ def test_gpu_ready_values_and_default_off(photo_tree, tmp_path):
     for bad in (1, "yes", 0):
         with pytest.raises(ValueError, match=f"Received: gpu_ready={bad!r}"):
             check(Options(gpu_ready=bad), env)
-    with pytest.raises(ValueError, match="gpu_ready=\"tiff\" stores TIFFs for DALI"):
-        ours(str(photo_tree), gpu_ready="tiff", decoder="tf", cache_dir=str(tmp_path))
+    with pytest.raises(ValueError, match="gpu_ready=\"tiff\" was retired.*Received: "
+                                         "gpu_ready='tiff'"):  # issue 38
+        ours(str(photo_tree), gpu_ready="tiff", decoder="dali", cache_dir=str(tmp_path))
     ds = ours(str(photo_tree), image_size=(8, 8), verbose=False, cache_dir=str(tmp_path))
     sum(1 for _ in ds)
     assert ds.loader.epoch_stats[0]["cpu_decodes"] == 21  # TF decodes every PNG
@@ -417,20 +396,6 @@ def test_unreadable_and_corrupt_errors_name_the_file(tmp_path):
 
 # -- On a GPU (skipped elsewhere) -------------------------------------------------
 from test_gpu import needs_gpu  # noqa: E402
-
-
-@pytest.mark.gpu
-@needs_gpu
-@pytest.mark.parametrize("color_mode", sorted(MODES))
-def test_gpu_decodes_entries_like_the_cpu(suite, tmp_path, color_mode):
-    """`mixed` on the cache's TIFFs gives exactly the CPU decode, which is Keras's."""
-    channels = MODES[color_mode]
-    src, index = open_index(str(suite), labels=None, shuffle=False, cache_dir=str(tmp_path))
-    with src:
-        entries = [ready_cache(src, ReadyForm.TIFF, channels).bytes(p) for p in index.paths]
-    for path, got in zip(index.paths, dali_decode_ready(entries, channels, gpu=True)):
-        np.testing.assert_array_equal(got, keras_pixels(path, channels),
-                                      err_msg=os.path.basename(path))
 
 
 @pytest.mark.gpu

@@ -33,7 +33,6 @@ PATHS = {
     "dali-generator-cached": dict(decoder="dali", handoff="generator", gpu_ready=True),
     "dali-plugin": dict(decoder="dali", handoff="plugin"),
     "dali-plugin-cached": dict(decoder="dali", handoff="plugin", gpu_ready=True),
-    "dali-plugin-tiff": dict(decoder="dali", handoff="plugin", gpu_ready="tiff"),
 }
 # On a machine where TF and DALI see a GPU (make gpu-check-tf), the GPU paths too.
 if tf.config.list_physical_devices("GPU"):

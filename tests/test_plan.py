@@ -148,7 +148,7 @@ RUNS = [
     ({}, env(dict(CPU, dali_gpus=1)), dict(engine=Engine.TF_KERNELS, device=Device.CPU)),
     ({}, env(dict(CPU, tf_gpus=1)), dict(engine=Engine.TF_KERNELS, device=Device.CPU)),
     # The GPU-ready cache: compact entries on every path (the native op decodes them),
-    # raw ones when asked, TIFF for DALI; fills by Wuffs.
+    # raw ones when asked; fills by Wuffs.
     (dict(gpu_ready=True), env(), dict(
         engine=Engine.TF_KERNELS, cache_form=ReadyForm.COMPACT, item_reader=ItemReader.READY_BYTES,
         png_epoch=None, png_where=PngWhere.NONE, png_fill=PngDecoder.WUFFS,
@@ -165,10 +165,8 @@ RUNS = [
         png_where=PngWhere.NONE)),
     (dict(gpu_ready="raw", decoder="dali"), env(), dict(
         item_reader=ItemReader.READY_BYTES, dali_input=DaliInput.READY_RAW)),
-    (dict(gpu_ready="tiff", decoder="dali"), env(), dict(cache_form=ReadyForm.TIFF,
-                                                         dali_input=DaliInput.READY_TIFF)),
-    (dict(gpu_ready="tiff"), env(GPU), dict(dali_input=DaliInput.READY_TIFF,
-                                            handoff=Handoff.PLUGIN)),
+    (dict(gpu_ready=True), env(GPU), dict(dali_input=DaliInput.READY_COMPACT,
+                                          handoff=Handoff.PLUGIN)),
     # tf.data service: TF's kernels on its CPU workers, TF's libpng.
     (dict(service="grpc://localhost:5050"), env(GPU), dict(
         engine=Engine.SERVICE, device=Device.CPU, item_reader=ItemReader.WORKERS,
@@ -193,7 +191,6 @@ def test_what_runs(options, environment, expected):
 def test_a_missing_decoder_is_said_once_in_the_notes():
     assert any("TF op is not available" in n for n in plan(env(built=BARE)).notes)
     assert any("Wuffs" in n for n in plan(env(built=BARE), gpu_ready="raw").notes)
-    assert any("unverified" in n for n in plan(env(GPU), gpu_ready="tiff").notes)
     assert any("plugin" in n for n in plan(env(GPU, dali_tf_plugin=False)).notes)
     assert plan().notes == ()
 
@@ -303,7 +300,7 @@ REFUSALS = [
     (dict(device="gpu", output=Output.NUMPY), env(dict(dali_gpus=0)), ValueError,
      "DALI sees no CUDA GPU"),
     (dict(decoder="tf", device="gpu"), env(GPU), ValueError, "decoder='tf', device='gpu'"),
-    (dict(gpu_ready="tiff"), env(), ValueError, "gpu_ready='tiff'"),
+    (dict(gpu_ready="tiff"), env(), ValueError, "Use gpu_ready=True. Received: gpu_ready='tiff'"),
     # The batched GPU PNG decoder left the package (issue 39; docs/png_gpu.md).
     (dict(png_decoder="gpu"), env(GPU), ValueError, "experimental/png_gpu"),
     (dict(png_decoder="wuffs"), env(built=BARE), ImportError, "build_tf"),

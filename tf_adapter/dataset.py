@@ -173,8 +173,7 @@ def image_dataset_from_directory(
             (the pixels delta-filtered in zstd chunks, about the PNG's bytes,
             decoded by the native core's TF op or DALI operator). "raw": the
             pixels uncompressed (about 1.7x the PNG bytes; TF's kernels, or
-            DALI on its device, only reshape and resize them). "tiff": TIFF
-            entries that DALI decodes (GPU decode unverified; DALI only).
+            DALI on its device, only reshape and resize them).
         handoff: How DALI's batches reach TF: None (the plugin on the GPU with
             `on_error="raise"` or `gpu_ready`, else the generator), "plugin"
             (the DALI TF plugin on the host: DALI decodes and resizes on its

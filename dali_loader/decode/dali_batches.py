@@ -179,7 +179,7 @@ class DaliBatches:
         num_threads: DALI CPU threads (default: cores available).
         device_id: The CUDA device, with "gpu" (one per replica under a strategy).
         input: What the feed's items are: the files (`CheckedBytes`) or
-            GPU-ready cache entries (`feed.ready.ReadyBytes`), raw or TIFF.
+            GPU-ready cache entries (`feed.ready.ReadyBytes`), compact or raw.
         png_native: With `Input.FILES`, PNGs are decoded by the native core's
             DALI operator on DALI's CPU threads, the files it leaves by DALI's
             decoder (`dali_graph.image_graph`); each epoch counts `png_native`,

@@ -25,9 +25,6 @@ from dali_loader.plan import DaliInput
 Input = DaliInput
 
 
-_READY_TYPES = {1: "GRAY", 3: "RGB", 4: "ANY_DATA"}
-
-
 def _interp(dali, name: str) -> tuple[Any, bool]:
     """DALI's filter for a Keras interpolation. bilinear, nearest, bicubic and
     lanczos3 match TF's; the others are the closest DALI filter (the measured
@@ -130,13 +127,6 @@ def _decode(dali, encoded, gpu: bool, output_type):
     return dali.fn.decoders.image(encoded, device="cpu", **kw)
 
 
-def decode_ready(dali, encoded, channels: int, gpu: bool):
-    """Decodes GPU-ready cache entries (TIFFs of Keras's pixels, `channels`
-    each) as they are: `mixed` on a GPU, no colour conversion."""
-    output_type = getattr(dali.types, _READY_TYPES[channels])
-    return _decode(dali, encoded, gpu=gpu, output_type=output_type)
-
-
 def raw_pixels(dali, entry):
     """HWC uint8 pixels of `formats.ready.ReadyForm.RAW` entries (1-D uint8): the
     header's height, width and channels, the rest reshaped. Nothing is decoded."""
@@ -201,8 +191,6 @@ def _input_pixels(dali, encoded, spec: ImageSpec, gpu: bool, input: Input, nativ
         img = _native_or_decoded(dali, encoded, native, spec.channels, gpu)
     elif input is Input.READY_RAW:
         img = _raw_on_device(dali, encoded, gpu)
-    elif input is Input.READY_TIFF:
-        img = decode_ready(dali, encoded, spec.channels, gpu)
     elif input is Input.READY_COMPACT:
         # Compact entries: the native core's operator on DALI's CPU threads; its
         # pixels then go to the device as raw entries' do.
@@ -234,8 +222,7 @@ def image_graph(dali, encoded, spec: ImageSpec, gpu: bool, input: Input = Input.
     GPU-ready cache entries already hold Keras's pixels in the output's colour
     mode: `Input.READY_COMPACT` entries are decoded by the native operator on the
     CPU and copied to the GPU; `Input.READY_RAW` entries are reshaped on the CPU and copied to the
-    GPU (nothing is decoded); `Input.READY_TIFF` entries are decoded (with
-    `mixed` on a GPU), with no colour conversion.
+    GPU (nothing is decoded).
 
     `pixels` (CPU graphs of `Input.FILES` or `Input.FILES_OR_RAW` only): a
     second input of HWC uint8 pixels decoded on the host, in the output's

@@ -265,8 +265,7 @@ class ReadyPinned:
 
 class ReadyBytes:
     """Item reader by index position: the entry's bytes (compact entries for the
-    native TF op or DALI operator, their headers checked; raw pixels for DALI; or
-    a TIFF for DALI)."""
+    native TF op or DALI operator, their headers checked; raw pixels for DALI)."""
 
     io = True
     holds = False

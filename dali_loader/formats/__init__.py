@@ -7,7 +7,7 @@ theirs (nor of `plan`, `tfdata` or the tools):
 - `sniff`: what a file is by its magic bytes, and the image size its header claims;
 - `png`: the one PNG chunk reader: signature, constants, depth tables, IHDR,
   chunk iteration, CRC, and `Fallback` (a file a decoder leaves to another);
-- `ready`: the GPU-ready cache's pixel forms (the raw-entry codec, TIFF);
+- `ready`: the GPU-ready cache's pixel forms (compact, raw);
 - `compact`: the compact entry form (delta-filtered zstd chunks), written and read
   by the native core through ctypes, with a numpy reference decode;
 - `cache_entry`: the disk cache's entry header (magic, length, JSON fields).

@@ -13,23 +13,19 @@ form that the decoder of the loader's path reads fastest:
   decode: TF's kernels reshape it on the CPU path; on the DALI path DALI
   reshapes it, copies it to its device and resizes it there. Larger than the
   PNG (photos: about 1.7x). `gpu_ready="raw"`.
-- `ReadyForm.TIFF`: TIFF, Adobe Deflate, horizontal predictor 2, strips of
-  about 64 KB. DALI's decoder parses it on the CPU bit-exactly; on a GPU
-  nvImageCodec's nvTIFF extension may inflate the strips with nvCOMP
-  (unverified: nvTIFF documents predictor 2 for encoding only, and
-  nvImageCodec falls back to libtiff on the CPU for a file nvTIFF refuses;
-  see docs/gpu_ready.md). About the PNG's size. `gpu_ready="tiff"`, DALI only.
 
-Numpy and tifffile (and the native core, through ctypes, for the compact form)
-only; no TF or DALI here.
+A TIFF form (Deflate strips, `gpu_ready="tiff"`) was retired in issue 38: 1.13x
+the PNG's bytes against the compact form's 1.05x, and slower on an H200's GPU
+than on its CPUs (docs/gpu_ready.md, "The TIFF form, retired").
+
+Numpy (and the native core, through ctypes, for the compact form) only; no TF or
+DALI here.
 """
 
 from __future__ import annotations
 
 import enum
-import io
 import struct
-from typing import Any
 
 import numpy as np
 
@@ -37,15 +33,12 @@ import numpy as np
 class ReadyForm(enum.Enum):
     """How a GPU-ready cache entry's pixels are encoded (a plan names it: `plan.Plan.cache_form`)."""
 
-    TIFF = "tiff-deflate-pred2"
     RAW = "raw"
     COMPACT = "compact-up-zstd1"
 
 
 RAW_MAGIC = b"DLRW"
 RAW_HEADER = 16  # magic, then height, width, channels as little-endian uint32
-STRIP_BYTES = 64 * 1024  # TIFF strip size: one independent Deflate stream each
-TIFF_LEVEL = 1  # zlib level of the TIFF strips: 1.13x the PNG, fills ~40% faster than 6 (docs/gpu_ready.md)
 
 
 def _as_hwc(pixels: np.ndarray) -> np.ndarray:
@@ -83,47 +76,13 @@ def decode_raw(data: bytes) -> np.ndarray:
     return np.frombuffer(data, np.uint8, offset=RAW_HEADER).reshape(h, w, c)
 
 
-def encode_tiff(pixels: np.ndarray, level: int = TIFF_LEVEL,
-                strip_bytes: int = STRIP_BYTES) -> bytes:
-    """TIFF with Adobe Deflate (`level`), predictor 2 and strips of about `strip_bytes`.
-
-    Grey is MinIsBlack; RGBA is RGB with one unassociated alpha sample.
-    """
-    import tifffile
-
-    pixels = _as_hwc(pixels)
-    h, w, c = pixels.shape
-    kw: dict[str, Any] = {}  # tifffile.imwrite's keyword arguments
-    if c == 1:
-        pixels, photometric = pixels[:, :, 0], "minisblack"
-    else:
-        photometric = "rgb"
-        if c == 4:
-            kw["extrasamples"] = ["unassalpha"]
-    out = io.BytesIO()
-    tifffile.imwrite(
-        out, pixels, photometric=photometric, compression="adobe_deflate",
-        compressionargs={"level": level}, predictor=True,
-        rowsperstrip=max(1, strip_bytes // (w * c)), metadata=None, **kw,
-    )
-    return out.getvalue()
-
-
-def decode_tiff(data: bytes) -> np.ndarray:
-    """HxWxC pixels of a TIFF (tifffile; the reference the tests compare DALI with)."""
-    import tifffile
-
-    arr = tifffile.imread(io.BytesIO(data))
-    return arr[:, :, None] if arr.ndim == 2 else arr
-
-
 def encode(pixels: np.ndarray, form: ReadyForm) -> bytes | memoryview:
     """`pixels` (HxWxC uint8) in `form`."""
     if form is ReadyForm.COMPACT:
         from dali_loader.formats import compact
 
         return compact.encode(_as_hwc(pixels))
-    return encode_tiff(pixels) if form is ReadyForm.TIFF else encode_raw(pixels)
+    return encode_raw(pixels)
 
 
 def encode_parts(pixels: np.ndarray, form: ReadyForm) -> list:
@@ -155,4 +114,4 @@ def decode(data: bytes, form: ReadyForm) -> np.ndarray:
         from dali_loader.formats import compact
 
         return compact.decode(data)
-    return decode_tiff(data) if form is ReadyForm.TIFF else decode_raw(data)
+    return decode_raw(data)

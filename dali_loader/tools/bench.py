@@ -521,8 +521,8 @@ def results_markdown(res: dict[str, Any]) -> str:
                      f"against {s['source_bytes_per_image'] / 1024:.1f} KB per source file.")
     if any(s["pipeline"].startswith("loader-gpu") and s["pipeline"].endswith("-cached")
            for s in res["summary"]):
-        note += (" loader-gpu-cached reads TIFF entries that DALI's mixed decoder decodes "
-                 "(on the GPU: unverified); PNGs are never decoded on the GPU.")
+        note += (" loader-gpu-cached reads compact entries, decoded by the native operator on "
+                 "DALI's CPU threads; PNGs are never decoded on the GPU.")
     decoders = {s["pipeline"]: s.get("png_decoder") for s in res["summary"]
                 if s["pipeline"].startswith("loader") and s.get("png_decoder")}
     if decoders:

@@ -45,10 +45,10 @@ def add_parsers(subparsers) -> None:
                         "form the loader reads (image_dataset_from_directory(gpu_ready=True))")
     p.add_argument("--color-mode", choices=("rgb", "rgba", "grayscale"), default="rgb",
                    help="with --gpu-ready: the dataset's color_mode (default rgb)")
-    p.add_argument("--form", choices=("compact", "raw", "tiff"), default="compact",
+    p.add_argument("--form", choices=("compact", "raw"), default="compact",
                    help="with --gpu-ready: compact entries (default; what gpu_ready=True reads "
-                        "on every path: delta-filtered zstd chunks, about the PNG's size), raw "
-                        "pixels (gpu_ready=\"raw\") or TIFF (gpu_ready=\"tiff\", DALI only)")
+                        "on every path: delta-filtered zstd chunks, about the PNG's size) or raw "
+                        "pixels (gpu_ready=\"raw\")")
     _add_cache_dir(p)
     p.add_argument("--png-decoder", choices=("wuffs", "libpng"), default=None,
                    help="with --gpu-ready: who decodes PNGs (default: Wuffs where installed, "
