@@ -320,9 +320,9 @@ class Plan:
         cache_form: The GPU-ready cache's form, or None (no cache).
         handoff: How DALI's batches reach TF (None off DALI, or for numpy).
         graph: How the TF path's graph decodes and batches files (None off it).
-        decode_calls: TF's decode calls in flight (the TF path and the cache's
-            entries on TF's kernels; the service's workers, where None is
-            AUTOTUNE; None elsewhere).
+        decode_calls: Decodes in flight: TF's parallel calls on the TF path,
+            DALI's CPU threads, the feed's Wuffs decodes and the cache's fills;
+            on the service's workers, where None is AUTOTUNE.
         checks: What guards the decoders against a bad file.
         service_address: `(host, port)` of the tf.data service's dispatcher.
         notes: What to say once (a slower fallback, an unverified path).
@@ -849,9 +849,10 @@ def _graph(d: _Draft) -> Because | None:
 
 
 def _decode_calls(d: _Draft) -> Because | None:
-    """TF's parallel decode calls: `num_threads`, else `CALLS_PER_CORE` per core for
-    files (TF's threads, one per core, run them; each call writes its image into the
-    batch), one per core for the cache's batches of entries."""
+    """Decodes in flight: `num_threads`, else on TF's kernels `CALLS_PER_CORE` per core
+    for files (TF's threads, one per core, run them; each call writes its image into
+    the batch) and one per core for the cache's batches of entries; DALI's threads
+    (and the feed's Wuffs decodes, the cache's fills) one per core."""
     if d.engine is Engine.SERVICE:
         kind = d.env.source_kind
         if kind is not SourceKind.LOCAL_DISK:  # reads wait on latency
@@ -859,11 +860,11 @@ def _decode_calls(d: _Draft) -> Because | None:
                                               f"max_in_flight={d.o.max_in_flight}")
         return Because(d.o.num_threads, f"num_threads={d.o.num_threads} (None: AUTOTUNE, "
                                         "each worker's cores)")
-    if d.engine is not Engine.TF_KERNELS:
-        return None
     if d.o.num_threads:
         return Because(d.o.num_threads, f"num_threads={d.o.num_threads}")
     cores = d.env.cores
+    if d.engine is Engine.DALI:
+        return Because(cores, f"num_threads=None: DALI's CPU threads, one per core, {cores}")
     if d.cache_form is not None:  # whole batches of entries per call
         return Because(cores, f"num_threads=None, the cache's batches: one per core, {cores}")
     return Because(CALLS_PER_CORE * cores, f"num_threads=None: {CALLS_PER_CORE} per core, "
@@ -969,8 +970,8 @@ RULES: tuple[Rule, ...] = (
          source=True),
     _set("graph", _graph, "TF's kernels over files: fused unless its pads would be over a "
          "quarter of the epoch's files", source=True),
-    _set("decode_calls", _decode_calls, "TF's kernels: num_threads, else 2 per core (files) "
-         "or 1 (the cache's batches)",
+    _set("decode_calls", _decode_calls, "num_threads, else per core: TF's kernels 2 (files) "
+         "or 1 (the cache's batches), DALI 1; the service's reads of slow storage: max_in_flight",
          source=True),
     _set("checks", _checks, "what guards the decoders, by item reader and on_error",
          source=True),

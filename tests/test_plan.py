@@ -113,7 +113,7 @@ RUNS = [
     (dict(decoder="dali"), env(), dict(
         engine=Engine.DALI, device=Device.CPU, item_reader=ItemReader.CHECKED_BYTES,
         dali_input=DaliInput.FILES, png_epoch=PngDecoder.WUFFS, png_where=PngWhere.DALI_OP,
-        big_pngs=BigPngs.TF_BEFORE_DALI, graph=None, decode_calls=None, png_binding=None,
+        big_pngs=BigPngs.TF_BEFORE_DALI, graph=None, decode_calls=4, png_binding=None,
         handoff=Handoff.GENERATOR, checks=(Check.PIXEL_LIMIT, Check.BYTES, Check.CARDINALITY))),
     (dict(decoder="dali"), env(built=BARE), dict(png_epoch=PngDecoder.LIBPNG,
                                                  png_where=PngWhere.DALI)),
@@ -225,7 +225,7 @@ def test_device_none_asks_tf_first_and_dali_only_when_tf_sees_a_gpu():
 
 def test_numpy_batches_never_ask_tensorflow():
     e = Environment(dali_gpus=0, dali_png_op=True, source_kind=LOCAL, has_jpegs=False,
-                    has_pngs=True, files=9)
+                    has_pngs=True, files=9, cores=2)
     assert resolve(Options(output=Output.NUMPY), e).device is Device.CPU
 
 

@@ -223,7 +223,7 @@ def test_gpu_folder_with_jpegs_keeps_dalis_decoder(trees, png_trees):
                                      (png_trees, Input.FILES_OR_RAW, RawOrCheckedItems)):
         src, index = open_index(str(mixed))
         with src:
-            gpu = Environment(tf_gpus=1, dali_gpus=1, wuffs=True, png_core=True, dali_tf_plugin=True,
+            gpu = Environment(tf_gpus=1, dali_gpus=1, wuffs=True, png_core=True, dali_tf_plugin=True, cores=2,
                               source_kind=src.kind, has_jpegs=has_jpegs(index.paths))
             plan = resolve(Options(device="gpu", png_decoder="wuffs", batch_size=4), gpu)
             loader = make_loader(src, index, spec, plan, batch_size=4, shuffle=False, seed=0)

@@ -25,7 +25,6 @@ import numpy as np
 
 from dali_loader import probes
 from dali_loader.decode.dali_batches import DaliBatches
-from dali_loader.decode.dali_graph import default_num_threads
 from dali_loader.decode.png_stage import KerasPixels, RawOrCheckedItems
 from dali_loader.decode.spec import ImageSpec
 from dali_loader.formats.ready import ReadyForm
@@ -77,14 +76,14 @@ def make_loader(source: Source, index: Index, spec: ImageSpec, plan: Plan | None
     kw = dict(shuffle=shuffle, seed=seed, on_error=o.on_error, max_in_flight=o.max_in_flight,
               source=source, batch_size=batch_size, shard=plan.shard)
     # Wuffs on the feed's threads: the DALI path's raw PNG entries, GPU-ready fills.
-    pixels = (KerasPixels(spec.channels, o.num_threads or default_num_threads(), o.max_pixels,
+    pixels = (KerasPixels(spec.channels, plan.decode_calls, o.max_pixels,
                           native=plan.png_binding is PngBinding.NATIVE_CORE)
               if plan.feed_pixels else None)
     if plan.cache_form is not None:
         ready = ready_cache(source, plan.cache_form, spec.channels, pixels, o.max_pixels)
     reader = plan.item_reader
     if plan.engine is Engine.DALI:
-        dali = dict(device=plan.device.value, num_threads=o.num_threads,
+        dali = dict(device=plan.device.value, num_threads=plan.decode_calls,
                     device_id=plan.device_id, input=plan.dali_input)
         if reader is ItemReader.READY_BYTES:
             items = ReadyBytes(ready, index.paths)
