@@ -224,16 +224,14 @@ def test_bench_vs_keras_fixed_cost():
     has_row(out, r"^\| ours \| SingleDeviceEnds \| NUM \|$")
 
 
-
-
 def test_bench_matrix(tmp_path):
     """The smallest cell of one kind (`--quick`): the table has its ratios and says the
     pixels are Keras's; the cell is in the JSON lines."""
     log = tmp_path / "matrix.json"
     out = run("bench_matrix.py", "--quick", "--only", "png8", "--data",
               str(tmp_path / "data"), "--out", str(log))
-    has_row(out, r"^\| png8 \| 16 \| rgb \| NUM \| NUM \| NUMx( !)? \| NUM \| NUM \| NUMx( !)? "
-                 r"\| same \|$")
+    has_row(out, r"^\| png8 \| 16 \| rgb \| NUM \| NUM \| NUMx( !)? \(NUMx\) \| NUM \| NUM "
+                 r"\| NUMx( !)? \(NUMx\) \| NUM \| same \|$")
     cells = [json.loads(line) for line in log.read_text().splitlines()]
     assert [(c["kind"], c["count"], c["color_mode"]) for c in cells] == [("png8", 16, "rgb")]
     assert len(cells[0]["epochs"]["ours"]) >= 2
