@@ -182,6 +182,22 @@ def status(tf) -> dict[str, str]:
     return out
 
 
+def summary(tf) -> tuple[str, str]:
+    """`(value, why)` for `dali-loader diagnose`'s plan: how many internals are on, and
+    each one's name, on or off with why (their gains: `status`, and `Internal`)."""
+    closed = gate(tf)
+    if closed:
+        return f"0 of {len(Internal)} on (TF {tf.__version__})", f"off: all ({closed})"
+    on_, off = [], []
+    for internal in Internal:
+        why = why_off(tf, internal)
+        (on_ if why is None else off).append(internal.name if why is None
+                                             else f"{internal.name} ({why})")
+    value = f"{len(on_)} of {len(Internal)} on (TF {tf.__version__})"
+    return value, "; ".join(([f"on: {', '.join(on_)}"] if on_ else [])
+                            + ([f"off: {', '.join(off)}"] if off else []))
+
+
 # --- SWITCH_MERGE -----------------------------------------------------------------------
 
 def either(tf, pred, then: Callable, otherwise: Callable, *args):

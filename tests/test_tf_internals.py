@@ -147,16 +147,31 @@ def test_gate_version_switch_and_import(monkeypatch, switch):
     assert tf_internals.gate(tf) == f"{tf_internals.ENV}=0"
     assert all(v.startswith(f"off: {tf_internals.ENV}=0; ") for v in
                tf_internals.status(tf).values())
+    assert tf_internals.summary(tf) == (f"0 of 6 on (TF {tf.__version__})",
+                                        f"off: all ({tf_internals.ENV}=0)")
     monkeypatch.undo()
     # The slack switch (docs/parity.md) turns the single-device functions alone off.
     monkeypatch.setenv(tf_internals.SINGLE_DEVICE_ENV, "0")
     off = [i for i in Internal if not tf_internals.on(tf, i)]
     assert off == [Internal.SINGLE_DEVICE_FUNCTIONS]
+    assert tf_internals.summary(tf)[1].endswith(
+        f"; off: SINGLE_DEVICE_FUNCTIONS ({tf_internals.SINGLE_DEVICE_ENV}=0)")
     monkeypatch.undo()
     # A private module gone (a future TF): every internal off, naming the import.
     monkeypatch.setattr(tf_internals, "_imported", {"error": "ImportError: no _GeneratorDataset"})
     assert "did not import (ImportError: no _GeneratorDataset)" in tf_internals.gate(tf)
     assert not any(tf_internals.on(tf, i) for i in Internal)
+
+
+def test_diagnose_plan_says_which_internals_are_on(tmp_path, switch):
+    from dali_loader.tools.diagnose import loader_plan, plan_table
+
+    switch(None)
+    _tree(tmp_path, 3)
+    paths = sorted(str(p) for p in tmp_path.rglob("*.png"))
+    row = plan_table(loader_plan(str(tmp_path), paths))["tf_internals"]
+    assert row["value"] == f"6 of 6 on (TF {tf.__version__})"
+    assert row["why"] == "on: " + ", ".join(i.name for i in Internal)
 
 
 def test_every_reason_cites_a_docs_section_that_exists(switch):
