@@ -169,7 +169,7 @@ def test_diagnose_plan_says_which_internals_are_on(tmp_path, switch):
     switch(None)
     _tree(tmp_path, 3)
     paths = sorted(str(p) for p in tmp_path.rglob("*.png"))
-    row = plan_table(loader_plan(str(tmp_path), paths))["tf_internals"]
+    row = plan_table(loader_plan(str(tmp_path), paths))["tf_private"]
     assert row["value"] == f"6 of 6 on (TF {tf.__version__})"
     assert row["why"] == "on: " + ", ".join(i.name for i in Internal)
 

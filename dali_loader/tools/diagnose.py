@@ -452,7 +452,7 @@ def plan_table(plan: Plan) -> dict[str, dict[str, str]]:
     from dali_loader import tf_internals
 
     value, why = tf_internals.summary(tf)  # TF's private APIs in use (their gains: docs)
-    out["tf_internals"] = {"value": value, "why": why}
+    out["tf_private"] = {"value": value, "why": why}
     return out
 
 
