@@ -14,7 +14,8 @@ tf = pytest.importorskip("tensorflow")
 
 from dali_loader import tf_internals  # noqa: E402
 from dali_loader.tf_internals import Internal  # noqa: E402
-from dali_loader.tfdata import tf_path as tf_path_mod  # noqa: E402
+from dali_loader import plan as plan_mod  # noqa: E402
+from dali_loader.plan import Graph  # noqa: E402
 from support import REPO  # noqa: E402
 from tf_adapter import image_dataset_from_directory as ours  # noqa: E402
 
@@ -77,12 +78,14 @@ def _ops(functions) -> set[str]:
     return {node.op for f in functions for node in f.function_def.node_def}
 
 
-@pytest.mark.parametrize("fused_from", [0, 10**9], ids=["fused", "per_file"])
-def test_tf_path_same_with_internals_off_and_on(tmp_path, monkeypatch, switch, fused_from):
+@pytest.mark.parametrize("graph", list(Graph), ids=[g.value for g in Graph])
+def test_tf_path_same_with_internals_off_and_on(tmp_path, monkeypatch, switch, graph):
     """The TF path over files, both graphs, a bad file skipped: with every internal off
     (public tf.data: `from_generator`, TF's own maps, `tf.cond`) exactly what it is with
     them on, every good file once per epoch, in the same order."""
-    monkeypatch.setattr(tf_path_mod, "FUSED_FROM_BATCHES", fused_from)
+    # The plan's graph whatever the folder's size (its `_graph` rule's pad share).
+    monkeypatch.setattr(plan_mod, "FUSED_MAX_PAD_SHARE",
+                        float("inf") if graph is Graph.FUSED else -1.0)
     _tree(tmp_path, 45, bad=(7,))
     expected = sorted((i for i in range(45) if i != 7), key=lambda i: (i % 3, i))
     runs = {}
@@ -94,7 +97,8 @@ def test_tf_path_same_with_internals_off_and_on(tmp_path, monkeypatch, switch, f
         attrs = [tf_internals.has_single_device_attribute(f) for f in functions]
         if state == "on":
             assert all(attrs) and any(f for f in functions if b"_finalize_" in f.name)
-            if fused_from == 0:  # the pads' and the audit's branches
+            assert ds.loader.plan.graph is graph
+            if graph is Graph.FUSED:  # the pads' and the audit's branches
                 assert "Switch" in _ops(functions)
         else:
             assert not any(attrs)
