@@ -72,7 +72,9 @@ class Internal(enum.Enum):
     SWITCH_MERGE = Reason(
         uses="tf.raw_ops.Switch and Merge (what tf.cond is lowered to)",
         gain="about 3 ms of CPU per iter() for each tf.cond replaced (TF instantiates its two "
-             "branches as functions for every iterator); 0-6 us per image",
+             "branches as functions for every iterator); 0-6 us per image. Per epoch "
+             "(derived, not measured): about 4% of a 128-file JPEG epoch (~75 ms), 1% of a "
+             "512-file one: under issue 39's 5%, kept until measured against tf.cond",
         docs="docs/benchmarks.md, 'Branch jpeg29' (Tried, not kept: the decode fused with the "
              "batch) and 'What cost small PNGs 0.3x Keras'",
         fallback="tf.cond")
