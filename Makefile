@@ -14,7 +14,7 @@ DALI_VERSION ?= 2.4.0
 TF_PKG ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo 'tensorflow[and-cuda]' || echo tensorflow)
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
-.PHONY: install test test-fast lint fuse-lib demo gpu-check-png gpu-check-compact gpu-check-tf bench clean
+.PHONY: install test test-tf-floor test-fast lint fuse-lib demo gpu-check-png gpu-check-compact gpu-check-tf bench clean
 
 install: $(STAMP) $(NATIVE_LIBS)
 
@@ -50,6 +50,35 @@ $(NATIVE_BUILD)/dl_dali_png.so: $(NATIVE_BUILD)/libdlpng.so $(NATIVE)/dali_png_o
 
 test: install fuse-lib lint
 	$(VPY) -m pytest -q -ra --durations=25
+	$(MAKE) test-tf-floor
+
+# The TF-path tests on the oldest TF pyproject.toml names (`tensorflow>=2.16`; issue 39), after
+# the main suite on $(TF_VERSION). A venv of its own: TF's CPU wheel, the loader's dependencies
+# (read from pyproject.toml) and pytest; no DALI (its tests skip or are deselected). The TF op
+# is built against that TF into _build/tf-$(TF_FLOOR)/ (about 15 s of g++; the loader takes the
+# build matching the running TF, decode/tf_png.py). Then the TF path's tests and the TF-path
+# cases of test_iterations. About 2-3 minutes (docs/development.md, "Older TensorFlow").
+TF_FLOOR ?= 2.16.2
+FLOOR_VENV := .venv-tf$(subst .,,$(basename $(TF_FLOOR)))
+FLOOR_PY := $(FLOOR_VENV)/bin/python
+FLOOR_OP := $(NATIVE_BUILD)/tf-$(TF_FLOOR)/dl_tf_png.so
+FLOOR_TESTS := tests/test_tf_path.py tests/test_tf_internals.py tests/test_iterations.py
+
+$(FLOOR_VENV)/.installed: pyproject.toml Makefile
+	$(PY) -m venv $(FLOOR_VENV)
+	$(FLOOR_PY) -m pip install -q --upgrade pip
+	$(FLOOR_PY) -m pip install -q "tensorflow-cpu==$(TF_FLOOR)" "pytest>=8" "pytest-timeout>=2.3" \
+		"pillow>=10" $$($(FLOOR_PY) -c "import tomllib; print(' '.join(\
+		tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))")
+	touch $@
+
+$(FLOOR_OP): $(FLOOR_VENV)/.installed $(NATIVE_BUILD)/libdlpng.so $(NATIVE)/tf_png_op.cc $(NATIVE)/entry_core.h $(NATIVE)/build_tf.py
+	$(FLOOR_PY) -m dali_loader.native.build_tf --per-version
+	touch $@
+
+test-tf-floor: $(FLOOR_OP)
+	$(FLOOR_PY) -c 'import tensorflow as tf; assert tf.__version__ == "$(TF_FLOOR)", tf.__version__'
+	$(FLOOR_PY) -m pytest -q -ra -p no:cacheprovider $(FLOOR_TESTS) -k "not dali"
 
 # ruff over the whole repository (pyproject.toml's [tool.ruff]: the rules, and why some are not
 # selected), then mypy over the TF-free core (its [tool.mypy]: the files, and each exception
@@ -96,4 +125,4 @@ gpu-check-tf: install
 	bash device_checks/gpu_check.sh
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) .venv-tf* build *.egg-info

@@ -271,7 +271,7 @@ def test_generator_functions_are_single_device(id_tree):
 
     ds = make(id_tree, "tf", "raise")
     gen = _generator_of(ds)
-    assert type(gen) is generators._single_device_class(tf)
+    assert generators._single_device_ends(tf)
     assert _attr(gen._init_func, "experimental_ints_on_device")
     assert _attr(gen._finalize_func, "experimental_ints_on_device")
     assert _attr(gen._next_func, "experimental_ints_on_device")  # with inject_prefetch off
@@ -280,15 +280,18 @@ def test_generator_functions_are_single_device(id_tree):
 
 
 def test_generator_falls_back_where_tf_refuses(id_tree, monkeypatch):
-    from tensorflow.python.data.ops.from_generator_op import _GeneratorDataset
-
+    from dali_loader import tf_internals
     from dali_loader.tfdata import generators
 
-    def refused(tf):
-        raise TypeError("a TF without it")
+    made = tf_internals.generator_dataset
+
+    def refused(tf, *args, ends, every):
+        if ends or every:
+            raise TypeError("a TF without it")
+        return made(tf, *args, ends=ends, every=every)
 
     monkeypatch.setattr(generators, "_single_device", {})
-    monkeypatch.setattr(generators, "_make_single_device_class", refused)
+    monkeypatch.setattr(tf_internals, "generator_dataset", refused)
     ds = make(id_tree, "tf", "raise")
-    assert type(_generator_of(ds)) is _GeneratorDataset
+    assert type(_generator_of(ds)) is tf_internals.generator_class()
     _abandon_then_whole_epoch(ds)

@@ -37,6 +37,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from dali_loader import tf_internals
 from dali_loader.decode import png_cpu, png_native
 from dali_loader.decode.tf_kernels import pixels_like_keras
 from dali_loader.errors import CorruptImageError
@@ -58,13 +59,10 @@ def wuffs_available() -> bool:
 def tf_pooled_empty(nbytes: int) -> np.ndarray:
     """A writable uint8 buffer of `nbytes` from TF's CPU allocator, which pools what it
     frees: decoded pixels reuse the memory of the image before instead of fresh pages
-    (what tfdata.ready_path's `pooled_empty` does for entries). numpy's otherwise."""
-    tf = import_tf()
-    try:
-        out = tf.raw_ops.Empty(shape=[nbytes], dtype=tf.uint8, init=False)._numpy()
-    except (AttributeError, TypeError, ValueError):  # pragma: no cover - a future TF
-        return np.empty(nbytes, np.uint8)
-    return out if out.flags.writeable else np.empty(nbytes, np.uint8)
+    (`tf_internals.pooled_empty`, as tfdata.ready_path's `pooled_empty` for entries).
+    numpy's where that internal is off."""
+    out = tf_internals.pooled_empty(import_tf(), nbytes)
+    return np.empty(nbytes, np.uint8) if out is None else out
 
 
 class KerasPixels:

@@ -11,7 +11,9 @@ instantiate for every iterator), so it gets TF's own outcome and TF's own error.
 The op library (`native/_build/dl_tf_png.so`, built against the installed TF by
 `pip install --no-build-isolation`, or in a checkout by
 `python -m dali_loader.native.build_tf`, part of `make install`) is loaded on
-first use. `available()` says whether it loads here.
+first use; a build for the running TF's version (`_build/tf-<version>/dl_tf_png.so`,
+`build_tf --per-version`) first where there is one. `available()` says whether it loads
+here.
 """
 
 from __future__ import annotations
@@ -37,21 +39,29 @@ _ops = None
 _error: str | None = None
 
 
+def op_library(tf_version: str):
+    """The op library for TF `tf_version`: its own build where there is one (a second TF
+    beside the main build: `make test-tf-floor`), else `OP_LIBRARY`."""
+    versioned = OP_LIBRARY.parent / f"tf-{tf_version}" / OP_LIBRARY.name
+    return versioned if versioned.exists() else OP_LIBRARY
+
+
 def _load():
     """The loaded op module, or None (the reason in `_error`)."""
     global _ops, _error
     with _lock:
         if _ops is None and _error is None:
-            if not OP_LIBRARY.exists():
-                _error = f"{OP_LIBRARY} is not built"
-            else:
-                from dali_loader.lazy import import_tf
+            from dali_loader.lazy import import_tf
 
-                tf = import_tf()
+            tf = import_tf()
+            library = op_library(tf.__version__)
+            if not library.exists():
+                _error = f"{library} is not built"
+            else:
                 try:
-                    _ops = tf.load_op_library(str(OP_LIBRARY))
+                    _ops = tf.load_op_library(str(library))
                 except (tf.errors.NotFoundError, OSError) as e:  # a stale build, a missing core
-                    _error = f"{OP_LIBRARY} does not load ({str(e).strip()[:300]})"
+                    _error = f"{library} does not load ({str(e).strip()[:300]})"
             if _error is not None:
                 logger.debug("The native PNG decoder's TF op: %s", _error)
     return _ops

@@ -5,6 +5,11 @@
 `tf_png_op.cc` with `tf.sysconfig`'s compile and link flags, as the DALI TF
 plugin is built, into `_build/dl_tf_png.so`, linked to the core
 (`_build/libdlpng.so`, found next to it through `$ORIGIN`). About 10-20 s of g++.
+
+`--per-version` builds it into `_build/tf-<TF version>/dl_tf_png.so` instead, which the
+loader takes first where that TF runs (`decode/tf_png.py`): a second TF (`make
+test-tf-floor`: the oldest TF pyproject.toml names) beside the main build, each op
+loading only in the TF it was built against.
 """
 
 from __future__ import annotations
@@ -23,6 +28,19 @@ HERE = Path(__file__).resolve().parent
 SOURCE = HERE / "tf_png_op.cc"
 BUILD_DIR = HERE / "_build"
 OUTPUT = BUILD_DIR / "dl_tf_png.so"
+
+
+def versioned_output(tf_version: str) -> Path:
+    """Where `--per-version` puts the op built against TF `tf_version`."""
+    return BUILD_DIR / f"tf-{tf_version}" / OUTPUT.name
+
+
+def _tf_version() -> str:
+    code = "import tensorflow as tf; print(tf.__version__)"
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
+                         text=True, env=env).stdout
+    return out.strip().splitlines()[-1]
 
 
 def _tf_flags() -> tuple[list[str], list[str]]:
@@ -52,7 +70,8 @@ def command(cxx: str = "g++", output: Path = OUTPUT) -> list[str]:
             # TF's own headers warn under g++ 12 (deprecations, sign compares).
             "-Wno-deprecated-declarations", "-Wno-sign-compare", "-Wno-interference-size",
             *compile_flags, f"-I{HERE}", str(SOURCE), "-o", str(output),
-            *core.link_flags(), *link_flags]
+            # The core next to the op, or a folder up from a per-version build.
+            *core.link_flags(), "-Wl,-rpath,$ORIGIN/..", *link_flags]
 
 
 def build(cxx: str | None = None, output: Path = OUTPUT) -> Path:
@@ -72,9 +91,11 @@ def build(cxx: str | None = None, output: Path = OUTPUT) -> Path:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cxx", default=None, help="the C++ compiler (default: $CXX or g++)")
+    parser.add_argument("--per-version", action="store_true",
+                        help="build into _build/tf-<TF version>/ (`versioned_output`)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    path = build(args.cxx)
+    path = build(args.cxx, versioned_output(_tf_version()) if args.per_version else OUTPUT)
     logger.info("built %s", path)
     return 0
 

@@ -60,6 +60,7 @@ import time
 
 import numpy as np
 
+from dali_loader import tf_internals
 from dali_loader.decode.dali_batches import DaliBatches
 from dali_loader.decode.dali_graph import (
     Input,
@@ -73,6 +74,7 @@ from dali_loader.errors import BadFileError, CorruptImageError
 from dali_loader.feed.epochs import Chunk
 from dali_loader.lazy import import_dali, import_dali_tf
 from dali_loader.plan import HANDOFFS, Handoff  # noqa: F401 - the handoffs are the plan's
+from dali_loader.tf_internals import Internal
 from dali_loader.tfdata.weak import weakly
 
 logger = logging.getLogger(__name__)
@@ -235,20 +237,13 @@ class _PluginEpochs:
         return None
 
 
-_CLASSES: dict[str, tuple[type, type]] = {}
-
-
-def _refused(name: str):
-    def refuse(self, *args, **kwargs):
-        raise ValueError(
-            f"`{name}()` cannot follow a dataset made with handoff=\"plugin-gpu\": its batches "
+def _refusal(name: str) -> str:
+    return (f"`{name}()` cannot follow a dataset made with handoff=\"plugin-gpu\": its batches "
             "stay on the GPU, and TensorFlow has no GPU kernel for that dataset op (DALI's "
             "documentation: most TensorFlow datasets have only a CPU variant). Use the default "
             "handoff (None or \"plugin\": DALI still decodes and resizes on the GPU, and every "
             "tf.data transformation works), or consume this dataset as returned (fit, "
             f"evaluate, predict, iter). Received: handoff='plugin-gpu', then .{name}()")
-    refuse.__name__ = name
-    return refuse
 
 
 # Public `tf.data.Dataset` methods that add a dataset op after this one.
@@ -260,73 +255,23 @@ _TRANSFORMATIONS = (
 )
 
 
-def _dataset_classes(tf) -> tuple[type, type]:
-    """`(NamingDataset, GpuPluginDataset)`, made once TF is imported."""
-    if "classes" in _CLASSES:
-        return _CLASSES["classes"]
-    from tensorflow.python.data.ops import dataset_ops, iterator_ops
-    from tensorflow.python.eager import context
+class _ErrorNamer:
+    """What the plugin dataset's eager iterators call on DALI's InternalError: the error
+    again, naming the file (`_PluginEpochs.name_culprit`), or None. Holds the epochs,
+    the input generator's (weak) target, as long as the dataset or an iterator lives."""
 
-    class NamingIterator(iterator_ops.OwnedIterator):
-        """Eager `next()` that turns DALI's decode failure into an error naming the file."""
+    def __init__(self, tf, epochs: _PluginEpochs):
+        self.tf = tf
+        self.epochs = epochs
 
-        def __init__(self, dataset, epochs: _PluginEpochs):
-            self._plugin_epochs = epochs  # keeps the input generator's target alive
-            super().__init__(dataset)
-
-        def _next_internal(self):
-            if not context.executing_eagerly():
-                return super()._next_internal()
-            try:
-                return super()._next_internal()
-            except tf.errors.InternalError as err:
-                culprit = self._plugin_epochs.name_culprit(err)
-                if culprit is None:
-                    raise
-                later = (" It is left out of the next epochs (on_error=\"skip\"); this epoch "
-                         "ended: DALI's pipeline cannot go on after a decode failure."
-                         if self._plugin_epochs.batches.feed.on_error == "skip" else "")
-                raise tf.errors.InternalError(None, None, f"{culprit}{later}\n{err.message}"
-                                              ) from err
-
-    class NamingDataset(dataset_ops.UnaryUnchangedStructureDataset):
-        """A dataset as is (the same variant tensor, no op added) whose eager
-        iterators name the file a DALI decode failure comes from."""
-
-        def __init__(self, input_dataset, epochs: _PluginEpochs):
-            self._plugin_epochs = epochs
-            super().__init__(input_dataset, input_dataset._variant_tensor)
-
-        def __iter__(self):
-            if context.executing_eagerly():
-                with tf.device(self._variant_tensor.device):
-                    return NamingIterator(self, self._plugin_epochs)
-            return super().__iter__()
-
-    class GpuPluginDataset(NamingDataset):
-        """The GPU-placed plugin dataset: its one tensor alone when unlabelled,
-        the true cardinality declared, transformations without a GPU kernel refused."""
-
-        def __init__(self, dali_dataset, epochs: _PluginEpochs, cardinality: int | None):
-            self._known_cardinality = cardinality
-            super().__init__(dali_dataset, epochs)
-
-        @property
-        def element_spec(self):
-            # The plugin always yields a tuple; unlabelled, its one tensor alone
-            # (the same flat components: no op needed).
-            spec = self._input_dataset.element_spec
-            return spec if self._plugin_epochs.labelled else spec[0]
-
-        def cardinality(self):
-            if self._known_cardinality is None:
-                return tf.constant(tf.data.UNKNOWN_CARDINALITY, tf.int64)
-            return tf.constant(self._known_cardinality, tf.int64)
-
-    for name in _TRANSFORMATIONS:
-        setattr(GpuPluginDataset, name, _refused(name))
-    _CLASSES["classes"] = (NamingDataset, GpuPluginDataset)
-    return _CLASSES["classes"]
+    def __call__(self, err):
+        culprit = self.epochs.name_culprit(err)
+        if culprit is None:
+            return None
+        later = (" It is left out of the next epochs (on_error=\"skip\"); this epoch "
+                 "ended: DALI's pipeline cannot go on after a decode failure."
+                 if self.epochs.batches.feed.on_error == "skip" else "")
+        return self.tf.errors.InternalError(None, None, f"{culprit}{later}\n{err.message}")
 
 
 def plugin_dataset(tf, batches: DaliBatches, spec: ImageSpec, batch_size: int,
@@ -369,13 +314,24 @@ def plugin_dataset(tf, batches: DaliBatches, spec: ImageSpec, batch_size: int,
             exec_dynamic=True,
             prefetch_queue_depth=_PREFETCH,
         )
-    naming, gpu_resident = _dataset_classes(tf)
+    namer = _ErrorNamer(tf, epochs)
     if on_gpu:
-        return gpu_resident(ds, epochs, cardinality)
+        why = tf_internals.why_off(tf, Internal.GPU_RESIDENT_DATASET)
+        if why:
+            raise RuntimeError(f"handoff='plugin-gpu' needs a TF internal that is off here "
+                               f"({why}); use handoff='plugin' (DALI still decodes and "
+                               "resizes on the GPU), or a TF from 2.16 to 2.21.")
+        _, gpu_resident = tf_internals.plugin_dataset_classes(tf, _TRANSFORMATIONS, _refusal)
+        return gpu_resident(ds, namer, cardinality, label_mode is None)
     if label_mode is None:
         ds = ds.map(lambda x: x)  # the plugin yields a 1-tuple
     if cardinality is not None:
         ds = ds.apply(tf.data.experimental.assert_cardinality(cardinality))
     else:  # the plugin says infinite; a filter makes it unknown, as it is
         ds = ds.filter(lambda *_: True)
-    return naming(ds.prefetch(tf.data.AUTOTUNE), epochs)
+    ds = ds.prefetch(tf.data.AUTOTUNE)
+    if not tf_internals.on(tf, Internal.NAMED_DECODE_ERRORS):
+        ds._dali_plugin_namer = namer  # DALI's own errors; the input's target held
+        return ds
+    naming, _ = tf_internals.plugin_dataset_classes(tf, _TRANSFORMATIONS, _refusal)
+    return naming(ds, namer)

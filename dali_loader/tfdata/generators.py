@@ -16,8 +16,10 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
+from dali_loader import tf_internals
 from dali_loader.exiting import stoppable
-from dali_loader.tfdata.single_device import SINGLE_DEVICE, guarded
+from dali_loader.tf_internals import Internal
+from dali_loader.tfdata.single_device import guarded
 from dali_loader.tfdata.single_device import supported as _multi_output_supported
 from dali_loader.tfdata.weak import weakly as _weakly
 
@@ -71,17 +73,15 @@ def per_iterator_dataset(tf, generators: Generators, signature: tuple):
     `from_generator` does the same through a `flat_map` and a per-element
     wrapper that checks and converts each value; this drives TF's
     `GeneratorDataset` op directly (one `numpy_function` to open, one per
-    element, one to close, also when an iterator is abandoned). Measured on a
-    16-file folder: an epoch's best 41.8 -> 29.3 ms, Keras's 14.5-16.7
-    (docs/benchmarks.md, issue 29).
-    Falls back to `from_generator` where the op's Python class is gone."""
+    element, one to close, also when an iterator is abandoned): a TF internal,
+    `tf_internals.Internal.GENERATOR_OP`. Measured on a 16-file folder: an epoch's
+    best 41.8 -> 29.3 ms, Keras's 14.5-16.7 (docs/benchmarks.md, issue 29).
+    `from_generator` where that internal is off."""
     types = tuple(s.dtype for s in signature)
     open_ = _weakly(generators, "open", lambda: np.int64(-1))
     step = _weakly(generators, "next", _end)
     close = _weakly(generators, "close", lambda gid: np.int64(0))
-    try:
-        from tensorflow.python.data.ops.from_generator_op import _GeneratorDataset
-    except ImportError:  # pragma: no cover - a future TF
+    if not tf_internals.on(tf, Internal.GENERATOR_OP):
         def gen():
             gid = open_()
             try:
@@ -106,30 +106,29 @@ def per_iterator_dataset(tf, generators: Generators, signature: tuple):
     def finalize(gid):
         return tf.numpy_function(close, [gid], tf.int64, stateful=True)
 
-    single = _single_device_class(tf)
-    if single is not None:
-        every = len(signature) == 1 or _multi_output_supported(tf)
-        ds = single(plain(init), plain(next_), plain(finalize), signature, every)
-        return guarded(tf, ds) if every else ds
-    return _GeneratorDataset(tf.constant(0, tf.int64), plain(init), plain(next_),
-                             plain(finalize), output_signature=signature)
+    ends = _single_device_ends(tf)
+    every = ends and (len(signature) == 1 or _multi_output_supported(tf))
+    ds = tf_internals.generator_dataset(tf, plain(init), plain(next_), plain(finalize),
+                                        signature, ends=ends, every=every)
+    return guarded(tf, ds) if every else ds
 
 
-# A tf.data function with this attribute is instantiated for each iterator as a
-# single-device function, without grappler's pass over it: about 2.5 ms of CPU less
-# per function and iterator here (issue 29; TF's multi-device iterator sets it on its
-# own generator's functions). One of several outputs needs `inject_prefetch` off
-# (`single_device`); `init` and `finalize` have one output (an int64) each.
-_single_device: dict[str, type | None] = {}  # the class, or None: probed once
+# Single-device `init` and `finalize` (`tf_internals.Internal.SINGLE_DEVICE_FUNCTIONS`):
+# about 2.5 ms of CPU less per function and iterator here (issue 29; TF's multi-device
+# iterator sets the attribute on its own generator's functions). `next` too where this TF
+# takes single-device functions of several outputs (`single_device.supported`: they need
+# `inject_prefetch` off); `init` and `finalize` have one output (an int64) each.
+_single_device: dict[str, bool] = {}  # "ok": probed once per process
 
 
-def _single_device_class(tf) -> type | None:
-    """TF's `_GeneratorDataset` with `init` and `finalize` as single-device
-    functions (and `next` where asked), or None where this TF lacks or refuses
-    it (probed once per process on a two-element generator: the fallback is TF's
-    own class)."""
-    if "cls" in _single_device:
-        return _single_device["cls"]
+def _single_device_ends(tf) -> bool:
+    """Whether the generator's `init` and `finalize` are single-device functions here:
+    the internal on, and this TF taking them (probed once per process on a two-element
+    generator; TF's own functions where it refuses)."""
+    if not tf_internals.on(tf, Internal.SINGLE_DEVICE_FUNCTIONS):
+        return False
+    if "ok" in _single_device:
+        return _single_device["ok"]
     plain = tf.autograph.experimental.do_not_convert
     items = [np.arange(2, dtype=np.int64)]
 
@@ -144,48 +143,11 @@ def _single_device_class(tf) -> type | None:
         return out
 
     try:
-        cls = _make_single_device_class(tf)
-        probe = cls(plain(lambda _: tf.constant(0, tf.int64)), plain(next_),
-                    plain(lambda gid: gid), tf.TensorSpec((None,), tf.int64), False)
-        if [int(v) for v in probe.unbatch()] != [0, 1]:
-            cls = None
-    except Exception:  # noqa: BLE001 - a TF that refuses it: its own class instead
-        cls = None
-    _single_device["cls"] = cls
-    return cls
-
-
-def _make_single_device_class(tf) -> type:
-    from tensorflow.python.data.ops import structured_function
-    from tensorflow.python.data.ops.from_generator_op import _GeneratorDataset
-    from tensorflow.python.data.util import structure
-    from tensorflow.python.ops import gen_dataset_ops
-
-    class SingleDeviceEnds(_GeneratorDataset):
-        """`_GeneratorDataset.__init__`, with `defun_kwargs` for `init` and
-        `finalize`, and for `next_` where `every`."""
-
-        def __init__(self, init, next_, finalize, output_signature, every: bool):
-            self._init_args = tf.constant(0, tf.int64)
-            self._init_structure = structure.type_spec_from_value(self._init_args)
-            self._output_signature = output_signature
-            self._name = None
-            name = self._transformation_name()
-            wrap = structured_function.StructuredFunctionWrapper
-            self._init_func = wrap(init, name, input_structure=self._init_structure,
-                                   defun_kwargs=dict(SINGLE_DEVICE))
-            state = self._init_func.output_structure
-            self._next_func = wrap(next_, name, input_structure=state,
-                                   defun_kwargs=dict(SINGLE_DEVICE) if every else None)
-            self._finalize_func = wrap(finalize, name, input_structure=state,
-                                       defun_kwargs=dict(SINGLE_DEVICE))
-            variant = gen_dataset_ops.generator_dataset(
-                structure.to_tensor_list(self._init_structure, self._init_args)
-                + self._init_func.function.captured_inputs,
-                self._next_func.function.captured_inputs,
-                self._finalize_func.function.captured_inputs,
-                init_func=self._init_func.function, next_func=self._next_func.function,
-                finalize_func=self._finalize_func.function, **self._common_args)
-            super(_GeneratorDataset, self).__init__(variant)  # DatasetSource's
-
-    return SingleDeviceEnds
+        probe = tf_internals.generator_dataset(
+            tf, plain(lambda _: tf.constant(0, tf.int64)), plain(next_),
+            plain(lambda gid: gid), tf.TensorSpec((None,), tf.int64), ends=True, every=False)
+        ok = [int(v) for v in probe.unbatch()] == [0, 1]
+    except Exception:  # noqa: BLE001 - a TF that refuses it: its own functions instead
+        ok = False
+    _single_device["ok"] = ok
+    return ok

@@ -18,6 +18,7 @@ import os
 
 import numpy as np
 
+from dali_loader import tf_internals
 from dali_loader.decode.dali_graph import default_num_threads
 from dali_loader.formats import compact as compact_form
 from dali_loader.formats.ready import RAW_HEADER, decode, decode_raw, raw_shape
@@ -41,16 +42,11 @@ def _aligned_empty(nbytes: int) -> np.ndarray:
 
 def pooled_empty(tf, nbytes: int) -> np.ndarray:
     """`_aligned_empty(nbytes)`, but from TF's own CPU allocator where it can be
-    viewed writable: that allocator pools what it frees (oneDNN's), so the buffer
-    of a batch with a huge image reuses the memory TF freed after decoding it
-    (when the entry was filled) instead of adding a second copy's worth."""
-    try:
-        out = tf.raw_ops.Empty(shape=[nbytes], dtype=tf.uint8, init=False)._numpy()
-    except (AttributeError, TypeError, ValueError):  # pragma: no cover - a future TF
-        return _aligned_empty(nbytes)
-    if out.flags.writeable and out.ctypes.data % ALIGN == 0:
-        return out  # its base holds TF's buffer
-    return _aligned_empty(nbytes)  # pragma: no cover - a future TF
+    viewed writable (`tf_internals.pooled_empty`): that allocator pools what it frees
+    (oneDNN's), so the buffer of a batch with a huge image reuses the memory TF freed
+    after decoding it (when the entry was filled) instead of adding a second copy's worth."""
+    out = tf_internals.pooled_empty(tf, nbytes, ALIGN)
+    return _aligned_empty(nbytes) if out is None else out
 
 
 class _OpenEntry:

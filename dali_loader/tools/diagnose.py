@@ -445,6 +445,14 @@ def plan_table(plan: Plan) -> dict[str, dict[str, str]]:
                                                    for k, v in plan.facts.items())}
     if plan.notes:
         out["notes"] = {"value": str(len(plan.notes)), "why": " | ".join(plan.notes)}
+    try:
+        import tensorflow as tf
+    except ImportError:
+        return out
+    from dali_loader import tf_internals
+
+    value, why = tf_internals.summary(tf)  # TF's private APIs in use (their gains: docs)
+    out["tf_private"] = {"value": value, "why": why}
     return out
 
 
