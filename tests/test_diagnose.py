@@ -362,7 +362,7 @@ def test_jpeg_folder_names_the_jpeg_decoder_not_png_ones(tmp_path):
         # The measurements and the verdict; the plan below them names the PNG decoder the
         # loader would run (png_epoch), whatever the files.
         r, plan = format_report(m).split("\nplan (")
-        assert "png_epoch" in plan and "engine       tf-kernels" in plan
+        assert "png_epoch" in plan and re.search(r"engine +tf-kernels", plan), plan
         assert "decode, libjpeg-turbo (JPEG) " in r
         assert "libpng" not in r and "Wuffs" not in r and "PNG decoder" not in r, r
         assert "decoder: libjpeg-turbo (JPEG))" in r

@@ -11,8 +11,7 @@ Which PNG decoder runs where is the plan's (`plan.PngDecoder`, `plan.PngWhere`;
   for fills), PNGs entering DALI as raw pixels;
 - GPU-ready cache fills: Wuffs on the feed's threads where installed (the core
   through ctypes, `png_native`, else `png_cpu`);
-- the tf.data service: TF's libpng (its workers run a pure TF graph);
-- "gpu": the batched GPU decoder (`png_batches`).
+- the tf.data service: TF's libpng (its workers run a pure TF graph).
 
 On the DALI path and for fills, with Wuffs every file is decoded on the feed's
 read-ahead threads, where the GIL is released while Wuffs works, at most

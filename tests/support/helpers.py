@@ -256,9 +256,9 @@ def on_a_gpu(**facts):
     from dali_loader.storage.source import SourceKind
 
     return Environment(**{"tf_gpus": 1, "dali_gpus": 1, "tf_png_op": True, "dali_png_op": True,
-                          "wuffs": True, "dali_tf_plugin": True,
-                          "source_kind": SourceKind.LOCAL_DISK, "has_jpegs": False, "has_pngs": True,
-                          **facts})
+                          "wuffs": True, "png_core": True, "dali_tf_plugin": True, "cores": 16,
+                          "source_kind": SourceKind.LOCAL_DISK, "files": 1000,
+                          "has_jpegs": False, "has_pngs": True, **facts})
 
 
 def gpu_handoff(**options):
