@@ -317,3 +317,24 @@ def test_printed_messages_match_keras(messy_tree, capsys, kw):
     ours(str(messy_tree), **kw)
     assert capsys.readouterr().out == ref
     assert ref  # Keras prints "Found ..." / "Using ..." lines
+
+
+@pytest.mark.parametrize("subset", ["training", "validation", "both"])
+def test_a_split_with_no_validation_file_is_keras(tmp_path, capsys, subset):
+    """One file, 40% for validation: int(0.4) is none, and Keras's `[:-0]` leaves the
+    training split empty, the validation one whole, while it prints the counts it
+    meant. The same lines, and the same error or the same files, as Keras."""
+    from PIL import Image
+
+    (tmp_path / "a").mkdir()
+    Image.fromarray(np.zeros((4, 4, 3), np.uint8)).save(tmp_path / "a" / "x.png")
+    results = []
+    for f in (keras.utils.image_dataset_from_directory, ours):
+        try:
+            ds = f(str(tmp_path), validation_split=0.4, subset=subset, seed=1)
+            got = [d.file_paths for d in (ds if isinstance(ds, list) else [ds])]
+        except ValueError as e:
+            got = str(e)
+        results.append((got, capsys.readouterr().out))
+    assert results[1] == results[0]
+    assert "Using" in results[0][1]

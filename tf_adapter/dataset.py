@@ -237,16 +237,9 @@ def image_dataset_from_directory(
     # Every refusal of the loader's options before listing; the seed drawn as Keras does.
     listed = open_listed(str(directory), options, labels=labels, class_names=class_names,
                          follow_links=follow_links, cache_dir=cache_dir, require_files=False)
-    source, index = listed.source, listed.index
+    index = listed.index
     if verbose:
-        if index.labels is None:
-            print(f"Found {len(index)} files.")
-        else:
-            print(f"Found {len(index)} files belonging to {len(index.class_names)} classes.")
-        created = getattr(source.remote, "manifest_used", None)
-        if created is not None:
-            print(f"(Listed from the manifest written {describe_age(created)}; objects added since are "
-                  'not seen: pass manifest="refresh" to list again.)')
+        _say_found(listed)
     class_names = index.class_names
     if label_mode == "binary" and len(class_names) != 2:
         raise ValueError(
@@ -266,29 +259,39 @@ def image_dataset_from_directory(
                      num_classes=num_classes, attributes={"class_names": class_names,
                                                           "file_paths": list(sub_index.paths)})
 
-    def no_images(what=""):
-        return ValueError(
-            f"No {what}images found in directory {directory}. "
-            f"Allowed formats: {ALLOWLIST_FORMATS}"
-        )
-
-    if subset == "both":
-        train = _announce(index, validation_split, "training")
-        val = _announce(index, validation_split, "validation")
-        if not train.paths:
-            raise no_images("training ")
-        if not val.paths:
-            raise no_images("validation ")
+    if subset == "both":  # both lines printed, then Keras's checks
+        train, val = [_announce(index, validation_split, s) for s in ("training", "validation")]
+        _some(train, "training ", directory), _some(val, "validation ", directory)
         return [make(train, shuffle), make(val, False)]
-    sub = _announce(index, validation_split, subset)
-    if not sub.paths:
-        raise no_images()
-    return make(sub, shuffle)
+    return make(_some(_announce(index, validation_split, subset), "", directory), shuffle)
+
+
+def _say_found(listed) -> None:
+    """Keras's "Found N files ..." line, and where a manifest listed them."""
+    index = listed.index
+    if index.labels is None:
+        print(f"Found {len(index)} files.")
+    else:
+        print(f"Found {len(index)} files belonging to {len(index.class_names)} classes.")
+    created = getattr(listed.source.remote, "manifest_used", None)
+    if created is not None:
+        print(f"(Listed from the manifest written {describe_age(created)}; objects added since are "
+              'not seen: pass manifest="refresh" to list again.)')
 
 
 def _announce(index, validation_split, subset):
-    """Splits like Keras, printing Keras's "Using N files for ..." line."""
-    sub = split(index, validation_split, subset)
+    """Splits like Keras, printing Keras's "Using N files for ..." line: its count, which
+    is not the split's where none is for validation (Keras's `[:-0]`, `split`)."""
     if validation_split:
-        print(f"Using {len(sub)} files for {subset}.")
+        num_val = int(validation_split * len(index))
+        print(f"Using {len(index) - num_val if subset == 'training' else num_val} files for "
+              f"{subset}.")
+    return split(index, validation_split, subset)
+
+
+def _some(sub, what: str, directory):
+    """`sub`, unless it has no file: Keras's error ("No training images found ...")."""
+    if not sub.paths:
+        raise ValueError(f"No {what}images found in directory {directory}. "
+                         f"Allowed formats: {ALLOWLIST_FORMATS}")
     return sub
