@@ -142,7 +142,7 @@ def _rgb16_low_bytes(data: bytes):
     from PIL import Image
 
     with Image.open(io.BytesIO(data)) as im:
-        im.tile = [
+        im.tile = [  # type: ignore[misc]  # an older Pillow's tiles are plain tuples
             t._replace(args="RGB;16L") if hasattr(t, "_replace") else (*t[:3], "RGB;16L")
             for t in im.tile
         ]
