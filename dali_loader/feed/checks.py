@@ -142,10 +142,9 @@ def _rgb16_low_bytes(data: bytes):
     from PIL import Image
 
     with Image.open(io.BytesIO(data)) as im:
-        im.tile = [  # type: ignore[misc]  # an older Pillow's tiles are plain tuples
-            t._replace(args="RGB;16L") if hasattr(t, "_replace") else (*t[:3], "RGB;16L")
-            for t in im.tile
-        ]
+        # An older Pillow's tiles are plain tuples.
+        im.tile = [t._replace(args="RGB;16L") if hasattr(t, "_replace")  # type: ignore[misc]
+                   else (*t[:3], "RGB;16L") for t in im.tile]
         im.load()
         return im.copy()
 
