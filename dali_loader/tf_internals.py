@@ -13,7 +13,9 @@ subclassed from them; otherwise a class that says the version is unsupported). H
   `=1` turns them on outside `CHECKED` too (to try a new TF; each probe still applies);
   unset: on within `CHECKED`. `DALI_LOADER_SINGLE_DEVICE_MAPS=0` turns
   `SINGLE_DEVICE_FUNCTIONS` alone off (docs/parity.md: for a user who turns tf.data's
-  `experimental_slack` on, which refuses such functions).
+  `experimental_slack` on, which refuses such functions). `DALI_LOADER_TF_INTERNALS_OFF`
+  names internals to turn off one by one (`SWITCH_MERGE,GENERATOR_OP`): how each one's
+  gain is measured against its fallback (docs/benchmarks.md, "The TF internals, each off").
 - **Each use** is an `Internal`, with what it uses, its measured gain and the docs
   section that has the measurement, and its fallback. `status(tf)` says which are on,
   for `dali-loader diagnose` and the plan.
@@ -38,6 +40,7 @@ import numpy as np
 
 ENV = "DALI_LOADER_TF_INTERNALS"  # "0": public tf.data only; "1": on outside CHECKED too
 SINGLE_DEVICE_ENV = "DALI_LOADER_SINGLE_DEVICE_MAPS"  # "0": SINGLE_DEVICE_FUNCTIONS off
+OFF_ENV = "DALI_LOADER_TF_INTERNALS_OFF"  # comma-separated `Internal` names, each off
 # The TF versions (major, minor) the TF-path tests ran on with these internals on:
 # 2.16.2 (`make test-tf-floor`, in CI) and 2.21 (`make test`); 2.17.1 by hand
 # (docs/development.md, "Older TensorFlow").
@@ -167,6 +170,14 @@ def why_off(tf, internal: Internal) -> str | None:
     if (internal is Internal.SINGLE_DEVICE_FUNCTIONS
             and os.environ.get(SINGLE_DEVICE_ENV, "").strip() == "0"):
         return f"{SINGLE_DEVICE_ENV}=0"
+    named = {n.strip().upper() for n in os.environ.get(OFF_ENV, "").split(",") if n.strip()}
+    unknown = named - {i.name for i in Internal}
+    if unknown:
+        raise ValueError(f"{OFF_ENV} names internals that do not exist: {sorted(unknown)}; "
+                         f"they are {[i.name for i in Internal]}. "
+                         f"Received: {OFF_ENV}={os.environ.get(OFF_ENV)!r}")
+    if internal.name in named:
+        return f"{OFF_ENV} names it"
     return None
 
 

@@ -26,6 +26,7 @@ pytestmark = pytest.mark.timeout(300)
 def switch(monkeypatch):
     """`switch("0")`: every internal off; `switch(None)`: the default (the gate)."""
     monkeypatch.delenv(tf_internals.SINGLE_DEVICE_ENV, raising=False)
+    monkeypatch.delenv(tf_internals.OFF_ENV, raising=False)
 
     def set_(value):
         if value is None:
@@ -160,6 +161,15 @@ def test_gate_version_switch_and_import(monkeypatch, switch):
     assert off == [Internal.SINGLE_DEVICE_FUNCTIONS]
     assert tf_internals.summary(tf)[1].endswith(
         f"; off: SINGLE_DEVICE_FUNCTIONS ({tf_internals.SINGLE_DEVICE_ENV}=0)")
+    monkeypatch.undo()
+    # One by one, to measure each against its fallback; an unknown name is an error.
+    monkeypatch.setenv(tf_internals.OFF_ENV, "switch_merge, GENERATOR_OP")
+    off = [i for i in Internal if not tf_internals.on(tf, i)]
+    assert off == [Internal.GENERATOR_OP, Internal.SWITCH_MERGE]
+    assert tf_internals.why_off(tf, Internal.SWITCH_MERGE) == f"{tf_internals.OFF_ENV} names it"
+    monkeypatch.setenv(tf_internals.OFF_ENV, "SWITCH")
+    with pytest.raises(ValueError, match=r"do not exist: \['SWITCH'\].*Received"):
+        tf_internals.on(tf, Internal.SWITCH_MERGE)
     monkeypatch.undo()
     # A private module gone (a future TF): every internal off, naming the import.
     monkeypatch.setattr(tf_internals, "_imported", {"error": "ImportError: no _GeneratorDataset"})
