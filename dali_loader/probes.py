@@ -79,16 +79,10 @@ def dali_tf_plugin() -> bool:
 
 
 def source_kind(source: str) -> SourceKind:
-    """Where `source`'s files live, from its name (a URL) or its mount (`/proc/mounts`),
-    before it is listed."""
-    from dali_loader.storage.local import on_network_fs
-    from dali_loader.storage.urls import is_remote
+    """Where `source`'s files live, before it is listed (`storage.source.kind_of`)."""
+    from dali_loader.storage.source import kind_of
 
-    if is_remote(source):
-        return SourceKind.REMOTE
-    if source.startswith("file://"):
-        source = source[len("file://"):]
-    return SourceKind.NETWORK_FS if on_network_fs(source) else SourceKind.LOCAL_DISK
+    return kind_of(source)
 
 
 # The machine's facts, each answered by the probe of the same name in this module.

@@ -35,6 +35,16 @@ class SourceKind(enum.Enum):
     REMOTE = "remote"  # gs://, s3://...: fetched and verified into a local cache
 
 
+def kind_of(source: str) -> SourceKind:
+    """Where `source`'s files live, from its name (a URL) or its mount (`/proc/mounts`),
+    before it is listed: the one place this is decided."""
+    if is_remote(source):
+        return SourceKind.REMOTE
+    if source.startswith("file://"):
+        source = source[len("file://"):]
+    return SourceKind.NETWORK_FS if on_network_fs(source) else SourceKind.LOCAL_DISK
+
+
 class Source:
     """A listed dataset root.
 
@@ -211,6 +221,5 @@ def open_source(
             if os.path.islink(os.path.join(directory, d)):
                 sub = walk_local(os.path.join(directory, d), follow_links)
                 rel_files += [f"{d}/{r}" for r in sub]
-    kind = SourceKind.NETWORK_FS if on_network_fs(directory) else SourceKind.LOCAL_DISK
-    return Source(directory, rel_files, local_subdirs(directory), kind,
+    return Source(directory, rel_files, local_subdirs(directory), kind_of(directory),
                   cache_dir=cache_dir, cache_max_bytes=cache_max_bytes)
