@@ -74,12 +74,11 @@ class Internal(enum.Enum):
         fallback="Dataset.map and tf.data.experimental.map_and_batch (multi-device functions)")
     SWITCH_MERGE = Reason(
         uses="tf.raw_ops.Switch and Merge (what tf.cond is lowered to)",
-        gain="about 3 ms of CPU per iter() for each tf.cond replaced (TF instantiates its two "
-             "branches as functions for every iterator); 0-6 us per image. Per epoch "
-             "(derived, not measured): about 4% of a 128-file JPEG epoch (~75 ms), 1% of a "
-             "512-file one: under issue 39's 5%, kept until measured against tf.cond",
-        docs="docs/benchmarks.md, 'Branch jpeg29' (Tried, not kept: the decode fused with the "
-             "batch) and 'What cost small PNGs 0.3x Keras'",
+        gain="CPU per image about 7% lower on 512-file folders of tiny PNGs (the op's fallback "
+             "branch runs per image): 0.92x Keras's on average with it, 0.98x without, png8 "
+             "512 1.01-1.06x against 1.10-1.14x (issue 37's bar is 1.1x); no difference "
+             "measured on 16-file folders",
+        docs="docs/benchmarks.md, 'The TF internals, each off (issue 39)'",
         fallback="tf.cond")
     POOLED_BUFFERS = Reason(
         uses="tf.raw_ops.Empty(...)._numpy(): a writable view of TF's CPU allocator's memory",
@@ -217,11 +216,13 @@ def either(tf, pred, then: Callable, otherwise: Callable, *args):
     """`then(*args)` where `pred`, else `otherwise(*args)`; only the branch taken
     runs. `SWITCH_MERGE`: TF's `Switch` and `Merge` ops, which `tf.cond` is lowered to: a
     `tf.cond` in a tf.data function instantiates its two branches as functions of
-    their own for every iterator (measured: about 3 ms for the decode's and 10 ms
-    for the audit's, per `iter()`). Off: `tf.cond`. A branch's result must depend on
-    its inputs. Not for a branch holding a `tf.numpy_function` in a plain (multi-device)
-    map: tried for the compact cache's refill (tfdata/ready_path.py, 2026-12-06), TF
-    failed the batch with "No return value for index 0"; that map keeps `tf.cond`."""
+    their own (about 3 ms for the decode's and 10 ms for the audit's per `iter()` when
+    measured with multi-device functions; with single-device ones what remains is
+    per image: about 7% of the CPU per tiny PNG, `Internal.SWITCH_MERGE`). Off:
+    `tf.cond`. A branch's result must depend on its inputs. Not for a branch holding a
+    `tf.numpy_function` in a plain (multi-device) map: tried for the compact cache's
+    refill (tfdata/ready_path.py, 2026-12-06), TF failed the batch with "No return value
+    for index 0"; that map keeps `tf.cond`."""
     if not on(tf, Internal.SWITCH_MERGE):
         return tf.cond(pred, lambda: then(*args), lambda: otherwise(*args))
     otherwise_args, then_args = zip(*(tf.raw_ops.Switch(data=a, pred=pred) for a in args))
