@@ -184,6 +184,20 @@ def on(tf, internal: Internal) -> bool:
     return why_off(tf, internal) is None
 
 
+_probes: dict[str, bool] = {}  # each probe's answer, once per process
+
+
+def probed(name: str, attempt: Callable[[], bool]) -> bool:
+    """Whether this TF takes what `attempt` tries (`attempt()`'s answer, False where it
+    raises: a TF that refuses it), asked once per process and kept under `name`."""
+    if name not in _probes:
+        try:
+            _probes[name] = bool(attempt())
+        except Exception:  # noqa: BLE001 - a TF that refuses it: the fallback instead
+            _probes[name] = False
+    return _probes[name]
+
+
 def status(tf) -> dict[str, str]:
     """Each internal's name -> "on: <gain> (<docs>)" or "off: <why>; <fallback>"."""
     out = {}

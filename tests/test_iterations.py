@@ -281,7 +281,6 @@ def test_generator_functions_are_single_device(id_tree):
 
 def test_generator_falls_back_where_tf_refuses(id_tree, monkeypatch):
     from dali_loader import tf_internals
-    from dali_loader.tfdata import generators
 
     made = tf_internals.generator_dataset
 
@@ -290,7 +289,7 @@ def test_generator_falls_back_where_tf_refuses(id_tree, monkeypatch):
             raise TypeError("a TF without it")
         return made(tf, *args, ends=ends, every=every)
 
-    monkeypatch.setattr(generators, "_single_device", {})
+    monkeypatch.setattr(tf_internals, "_probes", {})  # asked again, refused
     monkeypatch.setattr(tf_internals, "generator_dataset", refused)
     ds = make(id_tree, "tf", "raise")
     assert type(_generator_of(ds)) is tf_internals.generator_class()

@@ -247,3 +247,24 @@ def test_plugin_handoff_same_with_internals_off_and_on(tmp_path, switch):
         assert ids_on == ids_off  # reshuffled alike
         np.testing.assert_array_equal(x_on, x_off)
         np.testing.assert_array_equal(y_on, y_off)
+
+
+def test_a_probe_is_asked_once_and_a_refusal_is_false(monkeypatch):
+    """`probed`: each capability asked once per process under its name; an attempt
+    that raises (a TF that refuses it) is False, and the fallback runs."""
+    monkeypatch.setattr(tf_internals, "_probes", {})
+    calls = []
+
+    def refuses():
+        calls.append("r")
+        raise TypeError("a TF without it")
+
+    def takes():
+        calls.append("t")
+        return True
+
+    assert tf_internals.probed("a", refuses) is False
+    assert tf_internals.probed("a", takes) is False  # kept: not asked again
+    assert tf_internals.probed("b", takes) is True
+    assert tf_internals.probed("b", refuses) is True
+    assert calls == ["r", "t"]

@@ -118,17 +118,14 @@ def per_iterator_dataset(tf, generators: Generators, signature: tuple):
 # iterator sets the attribute on its own generator's functions). `next` too where this TF
 # takes single-device functions of several outputs (`single_device.supported`: they need
 # `inject_prefetch` off); `init` and `finalize` have one output (an int64) each.
-_single_device: dict[str, bool] = {}  # "ok": probed once per process
 
 
 def _single_device_ends(tf) -> bool:
     """Whether the generator's `init` and `finalize` are single-device functions here:
-    the internal on, and this TF taking them (probed once per process on a two-element
-    generator; TF's own functions where it refuses)."""
+    the internal on, and this TF taking them (`tf_internals.probed` once per process on a
+    two-element generator; TF's own functions where it refuses)."""
     if not tf_internals.on(tf, Internal.SINGLE_DEVICE_FUNCTIONS):
         return False
-    if "ok" in _single_device:
-        return _single_device["ok"]
     plain = tf.autograph.experimental.do_not_convert
     items = [np.arange(2, dtype=np.int64)]
 
@@ -142,12 +139,10 @@ def _single_device_ends(tf) -> bool:
         out.set_shape((None,))
         return out
 
-    try:
+    def attempt() -> bool:
         probe = tf_internals.generator_dataset(
             tf, plain(lambda _: tf.constant(0, tf.int64)), plain(next_),
             plain(lambda gid: gid), tf.TensorSpec((None,), tf.int64), ends=True, every=False)
-        ok = [int(v) for v in probe.unbatch()] == [0, 1]
-    except Exception:  # noqa: BLE001 - a TF that refuses it: its own functions instead
-        ok = False
-    _single_device["ok"] = ok
-    return ok
+        return [int(v) for v in probe.unbatch()] == [0, 1]
+
+    return tf_internals.probed("single-device generator ends", attempt)

@@ -25,7 +25,6 @@ from dali_loader import tf_internals
 from dali_loader.tf_internals import Internal
 
 ENV = tf_internals.SINGLE_DEVICE_ENV  # "0": TF's own (multi-device) functions
-_probed: dict[str, bool] = {}  # "ok": `supported`'s answer, once per process
 
 
 def no_function_passes(tf):
@@ -47,25 +46,21 @@ def supported(tf) -> bool:
     `DALI_LOADER_SINGLE_DEVICE_MAPS=0`)."""
     if not tf_internals.on(tf, Internal.SINGLE_DEVICE_FUNCTIONS):
         return False
-    if "ok" in _probed:
-        return _probed["ok"]
     plain = tf.autograph.experimental.do_not_convert
 
     def twice(x):
         return x * 2, x + 1
 
-    try:
+    def attempt() -> bool:
         map_ = tf_internals.single_device_map
         ds = tf.data.Dataset.range(4)
         ds = tf_internals.single_device_map_and_batch(
             tf, map_(tf, ds, plain(twice), 2).map(lambda a, b: a + b), plain(twice), 3, 2)
         ds = map_(tf, ds, plain(lambda a, b: (a - b, b)), None).with_options(
             no_function_passes(tf))
-        ok = [v[0].tolist() for v in ds.as_numpy_iterator()] == [[0, 3, 6], [9]]
-    except Exception:  # noqa: BLE001 - a TF that refuses it: TF's own maps instead
-        ok = False
-    _probed["ok"] = ok
-    return ok
+        return [v[0].tolist() for v in ds.as_numpy_iterator()] == [[0, 3, 6], [9]]
+
+    return tf_internals.probed("single-device maps of two outputs", attempt)
 
 
 def map_(tf, ds, fn: Callable, calls: int | None = None):
