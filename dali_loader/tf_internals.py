@@ -180,8 +180,19 @@ def why_off(tf, internal: Internal) -> str | None:
     return None
 
 
+_answers: dict[tuple, bool] = {}  # `on`'s answers, by everything they depend on
+
+
 def on(tf, internal: Internal) -> bool:
-    return why_off(tf, internal) is None
+    """Whether `internal` is on here (`why_off` is None), kept per switch setting and TF:
+    it is asked per image on the feed's Wuffs path (`pooled_empty`)."""
+    env = os.environ
+    key = (internal, env.get(ENV), env.get(SINGLE_DEVICE_ENV), env.get(OFF_ENV),
+           getattr(tf, "__version__", ""), CHECKED, "error" in _imported)
+    answer = _answers.get(key)
+    if answer is None:
+        answer = _answers[key] = why_off(tf, internal) is None
+    return answer
 
 
 _probes: dict[str, bool] = {}  # each probe's answer, once per process
