@@ -71,8 +71,8 @@ class ItemReader(str, enum.Enum):
     PINNED_OR_BYTES = "pinned-or-bytes"  # a pinned cache entry, else bytes (URLs)
     CHECKED_BYTES = "checked-bytes"  # bytes that passed the byte checks (DALI's decoder)
     RAW_OR_CHECKED = "raw-or-checked"  # PNGs as raw pixel entries (Wuffs), others checked
-    READY_BYTES = "ready-bytes"  # GPU-ready cache entries as bytes (DALI; compact ones on TF)
-    READY_PINNED = "ready-pinned"  # GPU-ready cache entries, open (TF's kernels)
+    READY_BYTES = "ready-bytes"  # GPU-ready cache entries as bytes (DALI)
+    READY_PINNED = "ready-pinned"  # GPU-ready cache entries, open, read by the batch (TF's kernels)
     WORKERS = "workers"  # the tf.data service's workers read the files themselves
 
 
@@ -101,7 +101,7 @@ class PngDecoder(str, enum.Enum):
 
 
 class PngWhere(str, enum.Enum):
-    """Where the PNG decoder of each epoch runs."""
+    """Where the PNG decoder of each epoch (or of the GPU-ready cache's fills) runs."""
 
     TF_OP = "tf-op"  # the native core as a TF op in tf.data's graph
     DALI_OP = "dali-op"  # the native core as a DALI operator in DALI's graph
@@ -313,6 +313,9 @@ class Plan:
             entries, nothing decoded).
         png_where: Where `png_epoch` runs.
         png_fill: With the GPU-ready cache, who decodes the PNGs a fill reads.
+        fill_where: Where `png_fill` runs (None without the cache): the native
+            core's TF op in the graph (it also writes the compact entries), or the
+            feed's threads.
         png_binding: How Wuffs is reached where the feed's threads decode (None
             where they do not).
         big_pngs: Where DALI's epochs decode PNGs over `BIG_PNG_PIXELS` (None off
@@ -345,6 +348,7 @@ class Plan:
     handoff: Handoff | None
     checks: tuple[Check, ...]
     graph: Graph | None = None
+    fill_where: PngWhere | None = None
     decode_calls: int | None = None
     png_binding: PngBinding | None = None
     big_pngs: BigPngs | None = None
@@ -373,14 +377,14 @@ class Plan:
         # A resolved plan sets png_where, png_fill with the cache (NONE), else png_epoch.
         if self.png_where is PngWhere.NONE:
             return (f"{self.png_fill.value} (GPU-ready cache fills, "  # type: ignore[union-attr]
-                    "on the feed's threads; epochs decode no PNG)")
+                    f"{where[self.fill_where]}; epochs decode no PNG)")  # type: ignore[index]
         return f"{self.png_epoch.value} ({where[self.png_where]})"  # type: ignore[union-attr,index]
 
     def rows(self) -> list[tuple[str, str, str]]:
         """`(field, value, why)` for each decision, in the order the rules take them."""
         out = []
         for name in ("engine", "device", "device_id", "shard", "service_address",
-                     "cache_form", "png_fill", "handoff", "item_reader", "dali_input",
+                     "cache_form", "png_fill", "fill_where", "handoff", "item_reader", "dali_input",
                      "png_epoch", "png_where", "png_binding", "big_pngs", "graph",
                      "decode_calls", "checks"):
             out.append((name, _show(getattr(self, name)), self.why.get(name, "")))
@@ -711,6 +715,17 @@ def _png_fill(d: _Draft) -> Because | None:
     return Because(PngDecoder.LIBPNG, "png_decoder=None: Wuffs is not installed")
 
 
+def _fill_where(d: _Draft) -> Because | None:
+    if d.cache_form is None:
+        return None
+    if d.png_fill is PngDecoder.LIBPNG:
+        return Because(PngWhere.FEED, "libpng (TF's decoder, eagerly) on the feed's threads")
+    if d.engine is Engine.TF_KERNELS and d.cache_form is ReadyForm.COMPACT and d.env.tf_png_op:
+        return Because(PngWhere.TF_OP, "compact entries on TF's kernels: the native op decodes "
+                       "a batch's new PNGs and writes their entries, in the graph")
+    return Because(PngWhere.FEED, "Wuffs on the feed's threads")
+
+
 def _handoff(d: _Draft) -> Handoff | Because | None:
     """The handoff for DALI's batches. None picks the host-placed plugin on the
     GPU when it holds every guarantee of the options: batched, and
@@ -805,9 +820,7 @@ def _item_reader(d: _Draft) -> ItemReader | Because:
     if d.engine is Engine.SERVICE:
         return ItemReader.WORKERS
     if d.engine is Engine.TF_KERNELS:
-        if d.cache_form is ReadyForm.COMPACT:  # the entries' bytes, for the TF op
-            return ItemReader.READY_BYTES
-        if d.cache_form is not None:
+        if d.cache_form is not None:  # read whole batches into one buffer (compact: for the op)
             return ItemReader.READY_PINNED
         kind = d.env.source_kind
         return Because({SourceKind.LOCAL_DISK: ItemReader.PATHS,
@@ -948,6 +961,7 @@ RULES: tuple[Rule, ...] = (
     _check(_wuffs_built, 'png_decoder="wuffs" needs its decoder built where it runs'),
     _set("png_fill", _png_fill,
          "cache fills: png_decoder as asked; None is Wuffs where installed, else libpng"),
+    _set("fill_where", _fill_where, "where the cache's fills decode"),
     _set("handoff", _handoff,
          'DALI to tf.data: None is "plugin" on a GPU with batches and on_error="raise" or '
          'gpu_ready (where the plugin imports), else "generator"'),
@@ -1019,7 +1033,8 @@ def resolve(options: Options, env: Environment) -> Plan:
     return Plan(options=options, engine=d.engine, device=d.device, device_id=d.device_id,
                 shard=d.shard, output=options.output, item_reader=d.item_reader,
                 dali_input=d.dali_input, png_epoch=d.png_epoch, png_where=d.png_where,
-                png_fill=d.png_fill, cache_form=d.cache_form, handoff=d.handoff,
+                png_fill=d.png_fill, fill_where=d.fill_where, cache_form=d.cache_form,
+                handoff=d.handoff,
                 checks=d.checks, graph=d.graph, decode_calls=d.decode_calls,
                 png_binding=d.png_binding, big_pngs=d.big_pngs, service_address=d.address,
                 notes=tuple(d.notes), why=why,

@@ -246,7 +246,7 @@ def either(tf, pred, then: Callable, otherwise: Callable, *args):
     per image: about 7% of the CPU per tiny PNG, `Internal.SWITCH_MERGE`). Off:
     `tf.cond`. A branch's result must depend on its inputs. Not for a branch holding a
     `tf.numpy_function` in a plain (multi-device) map: tried for the compact cache's
-    refill (tfdata/ready_path.py, 2026-12-06), TF failed the batch with "No return value
+    refill (then tfdata/ready_path.py, now compact_path.py; 2026-12-06), TF failed the batch with "No return value
     for index 0"; that map keeps `tf.cond`."""
     if not on(tf, Internal.SWITCH_MERGE):
         return tf.cond(pred, lambda: then(*args), lambda: otherwise(*args))

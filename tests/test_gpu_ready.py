@@ -55,8 +55,8 @@ def tf_decode_entries(entries, size: int = 64):
         sizes = np.prod(shapes, axis=1, dtype=np.int64)
         offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
         bounds = np.concatenate([[0], np.cumsum([len(e) for e in batch])]).astype(np.int64)
-        pixels, ok = decode_entries(np.frombuffer(b"".join(batch), np.uint8), bounds, offsets,
-                                    shapes, np.int64(sizes.sum()))
+        pixels, ok, _ = decode_entries(np.frombuffer(b"".join(batch), np.uint8), bounds, offsets,
+                                       shapes, np.int64(sizes.sum()))
         assert ok.numpy().all()
         pixels = pixels.numpy()
         out += [pixels[o:o + n].reshape(sh) for o, n, sh in zip(offsets, sizes, shapes)]
@@ -334,6 +334,48 @@ def test_gpu_ready_values_and_default_off(photo_tree, tmp_path):
 
 def _entry_files(cache):
     return sorted(os.path.join(d, f) for d, _, fs in os.walk(cache / "v1" / "objects") for f in fs)
+
+
+def test_fills_decode_and_write_entries_in_the_graph(tmp_path, monkeypatch):
+    """A filling epoch on the TF path: the native op decodes each new PNG and writes
+    its compact entry in the graph (the feed only reads the bytes and the header); a
+    PNG the core leaves to libpng (a tRNS colour key) is decoded on the CPU by TF's
+    decoder instead, once. Keras's pixels in both epochs; the second decodes nothing."""
+    from PIL import Image
+
+    from dali_loader.decode import png_native
+    from dali_loader.decode.png_cpu import Fallback
+    from dali_loader.feed.ready import ReadyCache
+    from dali_loader.plan import PngWhere
+    from support.helpers import save
+
+    root = tmp_path / "data"
+    rng = np.random.default_rng(0)
+    for i in range(9):
+        save(root / "a" / f"p{i}.png", rng.integers(0, 256, (20 + i, 30, 3), np.uint8))
+    keyed = root / "b" / "keyed.png"
+    keyed.parent.mkdir()
+    Image.fromarray(rng.integers(0, 256, (17, 23, 3), np.uint8)).save(keyed, transparency=(1, 2, 3))
+    assert isinstance(png_native.decode_png(keyed.read_bytes(), 3), Fallback)
+    on_feed = []
+    real = ReadyCache.fill_pixels
+
+    def counted(self, path, *args, **kwargs):
+        on_feed.append(os.path.basename(path))
+        return real(self, path, *args, **kwargs)
+
+    monkeypatch.setattr(ReadyCache, "fill_pixels", counted)
+    kw = dict(image_size=(16, 16), shuffle=False, batch_size=4, verbose=False)
+    ref = np.concatenate([x.numpy() for x, _ in keras.utils.image_dataset_from_directory(
+        str(root), **kw)])
+    cache = tmp_path / "cache"
+    ds = ours(str(root), gpu_ready=True, cache_dir=str(cache), **kw)
+    assert ds.loader.plan.fill_where is PngWhere.TF_OP
+    for _ in range(2):
+        np.testing.assert_array_equal(np.concatenate([x.numpy() for x, _ in ds]), ref)
+    assert on_feed == ["keyed.png"]
+    assert [(s["epoch"], s["cpu_decodes"]) for s in ds.loader.epoch_stats] == [(0, 10), (1, 0)]
+    assert len(_entry_files(cache)) == 10
 
 
 @pytest.mark.parametrize("decoder", ["tf", "dali"])

@@ -150,7 +150,7 @@ RUNS = [
     # The GPU-ready cache: compact entries on every path (the native op decodes them),
     # raw ones when asked; fills by Wuffs.
     (dict(gpu_ready=True), env(), dict(
-        engine=Engine.TF_KERNELS, cache_form=ReadyForm.COMPACT, item_reader=ItemReader.READY_BYTES,
+        engine=Engine.TF_KERNELS, cache_form=ReadyForm.COMPACT, item_reader=ItemReader.READY_PINNED,
         png_epoch=None, png_where=PngWhere.NONE, png_fill=PngDecoder.WUFFS,
         checks=(Check.PIXEL_LIMIT, Check.FEED_DECODE, Check.CARDINALITY))),
     (dict(gpu_ready="compact"), env(), dict(cache_form=ReadyForm.COMPACT)),

@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import threading
 
+from dali_loader.formats import compact
 from dali_loader.formats.limits import CORE_MAX_PIXELS, ENTRY_MAX_PIXELS
 from dali_loader.tf_internals import either
 from dali_loader.native import BUILD_DIR, build_hint
@@ -114,12 +115,17 @@ def decode_image_like_keras(data, channels: int, tf):
     return out
 
 
-def decode_entries(entries, bounds, offsets, shapes, total,
+def decode_entries(entries, bounds, offsets, shapes, total, channels: int = 3,
                    max_pixels: int = ENTRY_MAX_PIXELS):
-    """The op library's `DaliLoaderDecodeEntries`: a batch of compact GPU-ready cache
-    entries (`formats.compact`), entry i being `entries[bounds[i]:bounds[i+1]]`, decoded
-    by the native core into one flat uint8 [total] tensor, image i at `offsets[i]` with
-    shape `shapes[i]`. Returns `(pixels, ok)`: ok[i] False where the core refused entry i
-    (its pixels then zeros, for the caller to replace)."""
-    return require().dali_loader_decode_entries(entries, bounds, offsets, shapes, total,
-                                                max_pixels=max_pixels)
+    """The op library's `DaliLoaderDecodeEntries`: a batch of GPU-ready cache items,
+    item i being `entries[bounds[i]:bounds[i+1]]`, decoded by the native core into one
+    flat uint8 [total] tensor, image i at `offsets[i]` with shape `shapes[i]`: a
+    compact entry (`formats.compact`) decoded, a raw one (`formats.ready`) copied, a
+    PNG (a fill) decoded to `channels` exactly as `tf.io.decode_png` and written as a
+    compact entry in the form `formats.compact` writes (filter, level, chunk size).
+    Returns `(pixels, ok, filled)`: ok[i] False where the core refused item i (its
+    pixels then zeros, for the caller to replace); filled[i] the new entry of a PNG
+    (empty for every other item)."""
+    return require().dali_loader_decode_entries(
+        entries, bounds, offsets, shapes, total, max_pixels=max_pixels, channels=channels,
+        filter=compact.FILTER, level=compact.LEVEL, chunk_bytes=compact.CHUNK_BYTES)

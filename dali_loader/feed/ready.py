@@ -36,13 +36,17 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Literal, overload
+from typing import Any, Literal, NamedTuple, overload
 
 import numpy as np
 
-from dali_loader.errors import UnreadableFileError
+from dali_loader.errors import CorruptImageError, UnreadableFileError
+from dali_loader.feed.checks import over_limit
 from dali_loader.feed.items import OpenEntry, read_errors
+from dali_loader.formats import png
+from dali_loader.formats.limits import BIG_PNG_PIXELS
 from dali_loader.formats.ready import ReadyForm, encode_parts, join_parts
+from dali_loader.formats.sniff import image_size
 from dali_loader.storage.cache import DerivedMeta, DiskCache, WriteFailures
 
 logger = logging.getLogger(__name__)
@@ -53,6 +57,7 @@ FORMAT_VERSION = 1  # bump when what an entry holds changes
 # An entry's bytes: read as they are, or a view of the memory `alloc` gave (no copy).
 # (A name of its own: inside `ReadyCache`, `bytes` is the method.)
 Blob = bytes | bytearray | memoryview
+FileBytes = bytes  # a file's bytes as the source read them
 
 
 class ReadyCache:
@@ -110,44 +115,76 @@ class ReadyCache:
 
     @overload
     def fill(self, path: str, tally=None, store: bool = True,
-             read_back: Literal[True] = True) -> Blob: ...
+             read_back: Literal[True] = True,
+             read: tuple[FileBytes, str | None] | None = None) -> Blob: ...
     @overload
     def fill(self, path: str, tally=None, store: bool = True, *,
-             read_back: bool) -> Blob | None: ...
+             read_back: bool, read: tuple[FileBytes, str | None] | None = None) -> Blob | None: ...
 
     def fill(self, path: str, tally=None, store: bool = True,
-             read_back: bool = True) -> Blob | None:
+             read_back: bool = True,
+             read: tuple[FileBytes, str | None] | None = None) -> Blob | None:
         """Reads and decodes `path` on the CPU, stores its entry (unless not
         `store`), returns its bytes (None when it was stored and not `read_back`:
-        the caller opens the entry itself).
+        the caller opens the entry itself). `read`: the file's bytes and version
+        when the caller read them.
 
         The decoded pixels are written as they are and dropped before the entry
         is read back, so a large image is held once (never pixels and entry)."""
-        with read_errors(path):
-            data, version = self.source.read_versioned(path)
+        if read is None:
+            with read_errors(path):
+                read = self.source.read_versioned(path)
+        data, version = read
+        del read
         parts = encode_parts(self.decode(data, path), self.form)
         del data
         self.count("fills", tally)
-        if version is None or not store:
-            if store:
-                logger.info("%s changed while it was read; not cached.", path)
-            return join_parts(parts)
-        meta = DerivedMeta(path, version)
-        try:
-            stored = self.cache.put(self.namespace, meta, parts, remember=False)
-        except OSError as e:  # a full disk must not stop training: logged once per cause
-            self.write_failures.add(e)
-            if tally is not None:
-                tally.add("cache_write_failures")
-            stored = False
-        if not stored:
+        if not (store and self._store(path, version, parts, tally)):
             return join_parts(parts)
         del parts
+        meta = DerivedMeta(path, version or "")  # stored: the version was known
         if not read_back:
             return None
         entry = self.cache.get(self.namespace, meta, remember=False, view=True, alloc=self.alloc)
         # Evicted at once (a cache smaller than its working set): decoded again, not stored.
         return entry if entry is not None else self.fill(path, tally, store=False)
+
+    def fill_pixels(self, path: str, tally=None,
+                    read: tuple[FileBytes, str | None] | None = None) -> np.ndarray:
+        """Reads and decodes `path` on the CPU, stores its entry, and returns the
+        pixels themselves (HxWxC uint8): a caller that wants pixels (the TF path's
+        compact batches) does not decode the entry it just wrote. `read`: the file's
+        bytes and version when the caller read them."""
+        if read is None:
+            with read_errors(path):
+                read = self.source.read_versioned(path)
+        data, version = read
+        del read
+        pixels = self.decode(data, path)
+        del data
+        self.count("fills", tally)
+        self._store(path, version, encode_parts(pixels, self.form), tally)
+        return pixels
+
+    def store(self, path: str, version: str, entry: Blob, tally=None) -> bool:
+        """Writes an entry encoded elsewhere (the TF op's fills) for `path` as of
+        `version`; False when it was not stored."""
+        return self._store(path, version, entry, tally)
+
+    def _store(self, path: str, version: str | None, parts: list | Blob, tally) -> bool:
+        """Writes `path`'s entry (as of `version`); False when it was not stored
+        (the file changed while it was read, a full or read-only cache)."""
+        if version is None:
+            logger.info("%s changed while it was read; not cached.", path)
+            return False
+        try:
+            return self.cache.put(self.namespace, DerivedMeta(path, version), parts,
+                                  remember=False)
+        except OSError as e:  # a full disk must not stop training: logged once per cause
+            self.write_failures.add(e)
+            if tally is not None:
+                tally.add("cache_write_failures")
+            return False
 
 
 class ReadyTable:
@@ -191,6 +228,10 @@ class ReadyTable:
             self._offset[pos] = 0
         return self.ready.cache.entry_path(self._digest[pos].tobytes().hex()), version or f"{size}.{mtime}"
 
+    def forget(self, pos: int) -> None:
+        """Marks `pos`'s entry unchecked in this process (it was found damaged)."""
+        self._offset[pos] = 0
+
     def open(self, pos: int) -> OpenEntry | None:
         """The entry of `pos`, open (checked on its first use in this process), or
         None when it is missing, bad (removed) or cannot be opened now."""
@@ -222,27 +263,76 @@ class ReadyTable:
         return OpenEntry(fd, offset)
 
 
+class PngFill(NamedTuple):
+    """A PNG to fill the cache from in the graph (the native op decodes it and writes
+    its entry, `ReadyCache.store` keeps it): its bytes, its version when read, and
+    its size from a sound IHDR."""
+
+    data: bytes
+    version: str | None
+    height: int
+    width: int
+
+
 class ReadyPinned:
     """Item reader for a consumer that reads entries itself (the TF path's batch
     reader): by index position, an open entry (`OpenEntry`, which the kernel is
-    asked to read ahead, `POSIX_FADV_WILLNEED`), closed when released; or the
-    entry's bytes when it had to be filled."""
+    asked to read ahead, `POSIX_FADV_WILLNEED`), closed when released; or, when it
+    had to be filled, the entry's bytes (raw form) or the decoded pixels (compact
+    form: the batch copies them, nothing decodes the new entry)."""
 
     io = True
     holds = True
     tallies = True
     positional = True
 
-    def __init__(self, ready: ReadyCache, paths: list[str]):
+    def __init__(self, ready: ReadyCache, paths: list[str], png_fills: bool = False,
+                 max_pixels: int | None = None):
         self.ready = ready
         self.table = ReadyTable(ready, paths)
+        self.png_fills = png_fills and ready.form is ReadyForm.COMPACT
+        self.max_pixels = max_pixels
+        self.refused: set[str] = set()  # files the op refused: decoded here from then on
 
-    def __call__(self, pos: int, tally=None) -> OpenEntry | Blob:
+    def _fill(self, pos: int, tally) -> PngFill | np.ndarray | OpenEntry | Blob:
+        """A compact miss: a PNG with a sound header for the op to decode and write
+        (`png_fills`), else its pixels decoded here (the batch copies them; the entry
+        is written), or, for an image over `BIG_PNG_PIXELS` or of unknown size, its
+        entry written and then read like a hit (a big image's pixels are never held
+        twice). A file the op refused once (libpng's, or corrupt) is decoded here,
+        where its error, if any, is raised before it is counted as a fill."""
+        path = self.table.paths[pos]
+        with read_errors(path):
+            data, version = self.ready.source.read_versioned(path)
+        head = png.read_ihdr(data)
+        size = (head.width, head.height) if head is not None else image_size(data)
+        small = size is not None and size[0] * size[1] <= BIG_PNG_PIXELS
+        if (self.png_fills and small and head is not None and not png.ihdr_problem(head)
+                and path not in self.refused):
+            problem = over_limit(size, self.max_pixels)
+            if problem:
+                raise CorruptImageError(path, problem)
+            self.ready.count("fills", tally)
+            return PngFill(data, version, head.height, head.width)
+        held = [(data, version)]  # handed over: the fill drops the bytes once decoded
+        del data, head
+        if small:
+            return self.ready.fill_pixels(path, tally, read=held.pop())
+        stored = self.ready.fill(path, tally, read_back=False, read=held.pop())
+        if stored is not None:  # not stored (changed while read, a full or read-only cache)
+            return stored
+        item = self.table.open(pos)
+        # Evicted at once: decoded again, not stored.
+        return item if item is not None else self.ready.fill(path, tally, store=False)
+
+    def __call__(self, pos: int, tally=None) -> OpenEntry | Blob | np.ndarray | PngFill:
         item = self.table.open(pos)
         if item is None:
+            path = self.table.paths[pos]
+            if self.ready.form is ReadyForm.COMPACT:
+                return self._fill(pos, tally)
             # Filled, then opened like a hit: the pixels are read once, from the file
             # into the batch (a large image is never held twice).
-            path = self.table.paths[pos]
             data = self.ready.fill(path, tally, read_back=False)
             if data is not None:  # not stored (changed while read, a full or read-only cache)
                 return data
@@ -311,7 +401,7 @@ class ReadyBytes:
         except compact.EntryError as e:
             logger.warning("The GPU-ready cache entry of %s is damaged (%s); decoding the "
                            "file again.", self.table.paths[pos], e)
-            self.table._offset[pos] = 0
+            self.table.forget(pos)
             if tally is not None:
                 tally.add("cache_bad_entries")
             return False

@@ -1,6 +1,7 @@
 // DaliLoaderDecodePng: dali-loader's native PNG core (png_core.h) as a TF op.
-// DaliLoaderDecodeEntries: a batch of compact GPU-ready cache entries (entry_core.h)
-// decoded by the same core, into one flat pixel buffer (see its Doc below).
+// DaliLoaderDecodeEntries: a batch of GPU-ready cache entries, compact ones (entry_core.h)
+// decoded by the same core, raw ones (a freshly filled image's pixels) copied, into one
+// flat pixel buffer (see its Doc below).
 //
 // contents (a scalar string) -> image (uint8 [H, W, channels]), ok (bool).
 // ok: the core decoded the file, and `image` holds exactly tf.io.decode_png's
@@ -141,8 +142,13 @@ REGISTER_OP("DaliLoaderDecodeEntries")
     .Input("shapes: int32")
     .Input("total: int64")
     .Attr("max_pixels: int = 1073741824")
+    .Attr("channels: int = 3")
+    .Attr("filter: int = 1")
+    .Attr("level: int = 1")
+    .Attr("chunk_bytes: int = 65536")
     .Output("pixels: uint8")
     .Output("ok: bool")
+    .Output("filled: string")
     .SetShapeFn([](shape_inference::InferenceContext* c) {
       shape_inference::ShapeHandle unused;
       TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 1, &unused));
@@ -152,20 +158,102 @@ REGISTER_OP("DaliLoaderDecodeEntries")
       TF_RETURN_IF_ERROR(c->WithRank(c->input(4), 0, &unused));
       c->set_output(0, c->Vector(c->UnknownDim()));
       c->set_output(1, c->Vector(c->Dim(c->input(2), 0)));
+      c->set_output(2, c->Vector(c->Dim(c->input(2), 0)));
       return absl::OkStatus();
     })
     .Doc(R"doc(
-Decodes n compact GPU-ready cache entries with dali-loader's native core.
+Decodes n GPU-ready cache entries with dali-loader's native core.
 Entry i is entries[bounds[i]:bounds[i+1]]; its header must say shapes[i] (HxWxC);
 its pixels go to pixels[offsets[i]:offsets[i] + H*W*C] of a [total] uint8 output.
-ok[i]: the entry passed every check (bounds, chunk table, zstd frames, the pixels'
-CRC-32); where not, its pixels are zeros and the caller replaces them.
+A compact entry ("DLZ1") is decoded; a raw one ("DLRW", its 16-byte header, then
+exactly H*W*C bytes) is copied. A PNG (a file to fill the cache from) is decoded
+by the core to `channels`, exactly as tf.io.decode_png, and written as a compact
+entry (`filter`, `level`, `chunk_bytes`) into filled[i] (empty for every other
+item, or where the entry could not be written). ok[i]: the item passed every check
+(bounds, chunk table, zstd frames, the pixels' CRC-32; a raw entry's header and
+size; a PNG the core decodes, of shapes[i]); where not, its pixels are zeros and
+the caller replaces them (a PNG the core leaves to libpng, or a corrupt one).
 )doc");
+
+// A raw entry (formats/ready.py): "DLRW", then height, width, channels as
+// little-endian uint32, then exactly height * width * channels bytes of pixels.
+constexpr size_t kRawHeader = 16;
+
+uint32_t Le32(const uint8_t* p) {
+  return static_cast<uint32_t>(p[0]) | static_cast<uint32_t>(p[1]) << 8 |
+         static_cast<uint32_t>(p[2]) << 16 | static_cast<uint32_t>(p[3]) << 24;
+}
+
+bool IsRaw(const uint8_t* entry, size_t size) {
+  return size >= kRawHeader && memcmp(entry, "DLRW", 4) == 0;
+}
+
+// Copies a raw entry's pixels when its header says (h, w, c) and its size is exact.
+bool CopyRaw(const uint8_t* entry, size_t size, int64_t h, int64_t w, int64_t c, uint8_t* out,
+             size_t nbytes) {
+  if (Le32(entry + 4) != h || Le32(entry + 8) != w || Le32(entry + 12) != c ||
+      size != kRawHeader + nbytes) {
+    return false;
+  }
+  memcpy(out, entry + kRawHeader, nbytes);
+  return true;
+}
+
+// Decodes a PNG of shape (h, w, c) with the core into out[0:nbytes]; false when the
+// core leaves it to libpng, refuses it, or it is not of that shape.
+bool DecodePngAs(const uint8_t* data, size_t size, int64_t h, int64_t w, int64_t c,
+                 uint64_t max_pixels, uint8_t* out, size_t nbytes) {
+  dl_png_plan plan;
+  const char* reason = nullptr;
+  return dl_png_plan_decode(data, size, static_cast<int>(c), max_pixels, &plan, &reason) ==
+             DL_PNG_OK &&
+         plan.height == h && plan.width == w && plan.channels == c &&
+         dl_png_output_size(&plan) == nbytes &&
+         dl_png_decode_into(data, size, &plan, out, nbytes, &reason) == DL_PNG_OK;
+}
+
+// Writes HxWxC pixels as a compact entry into `entry` (left empty when it cannot).
+void EncodeEntry(const uint8_t* pixels, int64_t h, int64_t w, int64_t c, int filter, int level,
+                 int chunk_bytes, tstring* entry) {
+  const size_t bound = dl_entry_encode_bound(h, w, c, chunk_bytes);
+  if (bound == 0) return;
+  entry->resize_uninitialized(bound);
+  size_t size = 0;
+  const char* reason = nullptr;
+  if (dl_entry_encode(pixels, h, w, c, filter, level, chunk_bytes,
+                      reinterpret_cast<uint8_t*>(entry->data()), bound, &size,
+                      &reason) == DL_ENTRY_OK) {
+    entry->resize(size);
+  } else {
+    entry->clear();
+  }
+}
+
+bool IsPng(const uint8_t* data, size_t size) {
+  return size >= 8 && memcmp(data, "\x89PNG\r\n\x1a\n", 8) == 0;
+}
 
 class DaliLoaderDecodeEntriesOp : public OpKernel {
  public:
   explicit DaliLoaderDecodeEntriesOp(OpKernelConstruction* context) : OpKernel(context) {
     MaxPixels(context, &max_pixels_);
+    int64_t channels, filter, level, chunk_bytes;
+    OP_REQUIRES_OK(context, context->GetAttr("channels", &channels));
+    OP_REQUIRES_OK(context, context->GetAttr("filter", &filter));
+    OP_REQUIRES_OK(context, context->GetAttr("level", &level));
+    OP_REQUIRES_OK(context, context->GetAttr("chunk_bytes", &chunk_bytes));
+    OP_REQUIRES(context, (channels == 1 || channels == 3 || channels == 4) &&
+                             filter >= DL_FILTER_NONE && filter <= DL_FILTER_SUB &&
+                             level >= -7 && level <= 22 && chunk_bytes >= 64 &&
+                             chunk_bytes <= (1 << 30),
+                absl::InvalidArgumentError(absl::StrCat(
+                    "channels must be 1, 3 or 4, filter 0..2, level -7..22, chunk_bytes "
+                    "64..2**30. Received: channels=", channels, ", filter=", filter,
+                    ", level=", level, ", chunk_bytes=", chunk_bytes)));
+    channels_ = channels;
+    filter_ = static_cast<int>(filter);
+    level_ = static_cast<int>(level);
+    chunk_bytes_ = static_cast<int>(chunk_bytes);
   }
 
   void Compute(OpKernelContext* context) override {
@@ -205,6 +293,9 @@ class DaliLoaderDecodeEntriesOp : public OpKernel {
     OP_REQUIRES_OK(context, context->allocate_output(0, TensorShape({total}), &pixels));
     Tensor* ok = nullptr;
     OP_REQUIRES_OK(context, context->allocate_output(1, TensorShape({n}), &ok));
+    Tensor* filled = nullptr;
+    OP_REQUIRES_OK(context, context->allocate_output(2, TensorShape({n}), &filled));
+    auto fills = filled->flat<tstring>();
     const uint8_t* in = entries.flat<uint8_t>().data();
     uint8_t* out = pixels->flat<uint8_t>().data();
     bool* good = ok->flat<bool>().data();
@@ -214,26 +305,43 @@ class DaliLoaderDecodeEntriesOp : public OpKernel {
         const size_t nbytes = static_cast<size_t>(s(i, 0)) * s(i, 1) * s(i, 2);
         const uint8_t* entry = in + b(i);
         const size_t entry_size = static_cast<size_t>(b(i + 1) - b(i));
-        dl_entry_info info;
-        const char* reason = nullptr;
-        bool done = dl_entry_info_of(entry, entry_size, limit, &info, &reason) == DL_ENTRY_OK &&
-                    static_cast<int64_t>(info.height) == s(i, 0) &&
-                    static_cast<int64_t>(info.width) == s(i, 1) &&
-                    static_cast<int64_t>(info.channels) == s(i, 2) &&
-                    dl_entry_decode_into(entry, entry_size, limit, out + o(i), nbytes, &reason) ==
-                        DL_ENTRY_OK;
+        bool done;
+        if (IsPng(entry, entry_size)) {
+          done = s(i, 2) == channels_ && DecodePngAs(entry, entry_size, s(i, 0), s(i, 1),
+                                                     s(i, 2), limit, out + o(i), nbytes);
+          if (done) {
+            EncodeEntry(out + o(i), s(i, 0), s(i, 1), s(i, 2), filter_, level_, chunk_bytes_,
+                        &fills(i));
+          }
+        } else if (IsRaw(entry, entry_size)) {
+          done = CopyRaw(entry, entry_size, s(i, 0), s(i, 1), s(i, 2), out + o(i), nbytes);
+        } else {
+          dl_entry_info info;
+          const char* reason = nullptr;
+          done = dl_entry_info_of(entry, entry_size, limit, &info, &reason) == DL_ENTRY_OK &&
+                 static_cast<int64_t>(info.height) == s(i, 0) &&
+                 static_cast<int64_t>(info.width) == s(i, 1) &&
+                 static_cast<int64_t>(info.channels) == s(i, 2) &&
+                 dl_entry_decode_into(entry, entry_size, limit, out + o(i), nbytes, &reason) ==
+                     DL_ENTRY_OK;
+        }
         if (!done) memset(out + o(i), 0, nbytes);
         good[i] = done;
       }
     };
     auto* threads = context->device()->tensorflow_cpu_worker_threads();
-    // About 0.5 ms per 500x375 photo entry: one entry per shard for large images.
+    // About 0.5 ms per 500x375 photo entry (a PNG to fill: about 3.5 ms): one item per
+    // shard for large images.
     ::tensorflow::Shard(threads->num_threads, threads->workers, n, /*cost_per_unit=*/
                         n ? std::max<int64_t>(1000, total / n) : 1, work);
   }
 
  private:
   uint64_t max_pixels_ = 0;
+  int64_t channels_ = 3;
+  int filter_ = DL_FILTER_UP;
+  int level_ = 1;
+  int chunk_bytes_ = 65536;
 };
 
 REGISTER_KERNEL_BUILDER(Name("DaliLoaderDecodeEntries").Device(DEVICE_CPU),

@@ -192,6 +192,7 @@ class DiskCache:
         self.root = os.path.abspath(os.path.expanduser(root or default_cache_dir()))
         self._base = os.path.join(self.root, "v1")
         self._objects = os.path.join(self._base, "objects")
+        self._folders: set[str] = set()  # entry folders this instance made or found
         self._tmp = os.path.join(self._base, "tmp")
         self._pins_root = os.path.join(self._base, "pins")
         self._pins = os.path.join(self._pins_root, f"{os.getpid()}.{uuid.uuid4().hex[:12]}")
@@ -441,8 +442,7 @@ class DiskCache:
                 if self.fsync:
                     f.flush()
                     os.fsync(f.fileno())
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            os.replace(tmp, path)
+            self._replace(tmp, path)
             if remember:
                 self._remember(path, (len(header), size))
         except BaseException:
@@ -461,6 +461,22 @@ class DiskCache:
         elif sync:
             self._sync_usage()
         return True
+
+    def _replace(self, tmp: str, path: str) -> None:
+        """Renames `tmp` to `path`, making its folder the first time this instance
+        writes there (folders are never removed: one `mkdir` per folder, not per
+        write; again if the folder went meanwhile)."""
+        folder = os.path.dirname(path)
+        if folder not in self._folders:
+            os.makedirs(folder, exist_ok=True)
+            self._folders.add(folder)
+        try:
+            os.replace(tmp, path)
+        except FileNotFoundError:
+            if not os.path.exists(tmp):
+                raise
+            os.makedirs(folder, exist_ok=True)
+            os.replace(tmp, path)
 
     # ------------------------------------------------------------------ usage
     def _read_usage(self) -> int | None:

@@ -7,7 +7,8 @@ cardinality and the handle (`ds.loader`):
 - TensorFlow's own kernels over files (the CPU default; Keras's pixels, every
   file TF's decoder drops named by the audit): `tf_path`;
 - TensorFlow's kernels over pixels (the GPU-ready cache's raw entries, or files
-  the feed decoded): `ready_path`;
+  the feed decoded): `ready_path`; over the cache's compact entries, decoded by
+  the native op (which also fills the cache): `compact_path`;
 - DALI (`DaliBatches`, the GPU path; with `gpu_ready` it reads the cache's
   entries too): batches reach TF through the DALI TF plugin (`dali_plugin`), or
   through `from_generator`, one Python call per batch (`dali_path`), as the
@@ -48,6 +49,7 @@ from dali_loader.plan import (
     resolve,
 )
 from dali_loader.storage.source import Source
+from dali_loader.tfdata.compact_path import compact_dataset
 from dali_loader.tfdata.dali_path import dali_dataset
 from dali_loader.tfdata.dali_plugin import plugin_dataset
 from dali_loader.tfdata.handle import LoaderHandle
@@ -95,10 +97,10 @@ def make_loader(source: Source, index: Index, spec: ImageSpec, plan: Plan | None
         loader = DaliBatches(feed, spec, png_native=plan.png_where is PngWhere.DALI_OP,
                              max_pixels=o.max_pixels,
                              host_pixels=plan.big_pngs is BigPngs.TF_BEFORE_DALI, **dali)
-    elif reader is ItemReader.READY_PINNED:  # whole batches of entries, resized as one tensor
-        loader = Feed(index, ReadyPinned(ready, index.paths), chunk_size=batch_size, **kw)
-    elif reader is ItemReader.READY_BYTES:  # compact entries: whole batches for the TF op
-        loader = Feed(index, ReadyBytes(ready, index.paths), chunk_size=batch_size, **kw)
+    elif reader is ItemReader.READY_PINNED:  # whole batches of entries, read into one buffer
+        items = ReadyPinned(ready, index.paths, png_fills=plan.fill_where is PngWhere.TF_OP,
+                            max_pixels=o.max_pixels)
+        loader = Feed(index, items, chunk_size=batch_size, **kw)
     elif reader is ItemReader.PATHS:  # no reads to wait for: large chunks (after a small one)
         loader = Feed(index, Paths(index.paths, o.max_pixels), chunk_size=TF_LOCAL_CHUNK, **kw)
     else:
@@ -171,9 +173,9 @@ def to_tf_dataset(loader: DaliBatches | Feed, spec: ImageSpec, batch_size: int |
         if plan.engine is Engine.DALI:
             ds = dali_dataset(tf, loader, spec, batch_size, which)
             feed = loader.feed
-        elif plan.item_reader in (ItemReader.READY_PINNED, ItemReader.READY_BYTES):
-            ds = ready_dataset(tf, loader, spec, batch_size, calls, which,
-                               compact=plan.cache_form is ReadyForm.COMPACT)
+        elif plan.item_reader is ItemReader.READY_PINNED:
+            path = compact_dataset if plan.cache_form is ReadyForm.COMPACT else ready_dataset
+            ds = path(tf, loader, spec, batch_size, calls, which)
             feed = loader
         else:  # Keras's labels made in the audit's own map: one function fewer per iterator
             ds, audits = tf_kernel_dataset(tf, loader, spec, batch_size, which,
