@@ -720,7 +720,7 @@ def _fill_where(d: _Draft) -> Because | None:
         return None
     if d.png_fill is PngDecoder.LIBPNG:
         return Because(PngWhere.FEED, "libpng (TF's decoder, eagerly) on the feed's threads")
-    if d.engine is Engine.TF_KERNELS and d.cache_form is ReadyForm.COMPACT and d.env.tf_png_op:
+    if d.engine is Engine.TF_KERNELS and d.cache_form is ReadyForm.COMPACT:  # the op is built
         return Because(PngWhere.TF_OP, "compact entries on TF's kernels: the native op decodes "
                        "a batch's new PNGs and writes their entries, in the graph")
     return Because(PngWhere.FEED, "Wuffs on the feed's threads")

@@ -148,21 +148,25 @@ RUNS = [
     ({}, env(dict(CPU, dali_gpus=1)), dict(engine=Engine.TF_KERNELS, device=Device.CPU)),
     ({}, env(dict(CPU, tf_gpus=1)), dict(engine=Engine.TF_KERNELS, device=Device.CPU)),
     # The GPU-ready cache: compact entries on every path (the native op decodes them),
-    # raw ones when asked; fills by Wuffs.
+    # raw ones when asked; fills by Wuffs: in the TF op on the TF path with compact
+    # entries, on the feed's threads elsewhere.
     (dict(gpu_ready=True), env(), dict(
         engine=Engine.TF_KERNELS, cache_form=ReadyForm.COMPACT, item_reader=ItemReader.READY_PINNED,
         png_epoch=None, png_where=PngWhere.NONE, png_fill=PngDecoder.WUFFS,
+        fill_where=PngWhere.TF_OP,
         checks=(Check.PIXEL_LIMIT, Check.FEED_DECODE, Check.CARDINALITY))),
     (dict(gpu_ready="compact"), env(), dict(cache_form=ReadyForm.COMPACT)),
     (dict(gpu_ready="raw"), env(), dict(cache_form=ReadyForm.RAW,
-                                        item_reader=ItemReader.READY_PINNED)),
+                                        item_reader=ItemReader.READY_PINNED,
+                                        fill_where=PngWhere.FEED)),
     (dict(gpu_ready="raw"), env(built=BARE), dict(cache_form=ReadyForm.RAW,
                                                   png_fill=PngDecoder.LIBPNG)),
-    (dict(gpu_ready=False), env(), dict(cache_form=None, png_fill=None)),
-    (dict(gpu_ready=True, png_decoder="libpng"), env(), dict(png_fill=PngDecoder.LIBPNG)),
+    (dict(gpu_ready=False), env(), dict(cache_form=None, png_fill=None, fill_where=None)),
+    (dict(gpu_ready=True, png_decoder="libpng"), env(), dict(png_fill=PngDecoder.LIBPNG,
+                                                             fill_where=PngWhere.FEED)),
     (dict(gpu_ready=True, decoder="dali"), env(), dict(
         item_reader=ItemReader.READY_BYTES, dali_input=DaliInput.READY_COMPACT,
-        png_where=PngWhere.NONE)),
+        png_where=PngWhere.NONE, fill_where=PngWhere.FEED)),
     (dict(gpu_ready="raw", decoder="dali"), env(), dict(
         item_reader=ItemReader.READY_BYTES, dali_input=DaliInput.READY_RAW)),
     (dict(gpu_ready=True), env(GPU), dict(dali_input=DaliInput.READY_COMPACT,
