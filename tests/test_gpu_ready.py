@@ -378,6 +378,33 @@ def test_fills_decode_and_write_entries_in_the_graph(tmp_path, monkeypatch):
     assert len(_entry_files(cache)) == 10
 
 
+def test_an_abandoned_fill_counts_what_it_decoded(tmp_path):
+    """A filling epoch abandoned after its first batch: its stats count the PNGs the op
+    decoded (those read ahead, or batched but never decoded, are not fills), the next
+    epoch fills the rest, and every file is decoded on the CPU exactly once in all."""
+    import gc
+
+    from support.helpers import save
+
+    root = tmp_path / "data"
+    rng = np.random.default_rng(1)
+    for i in range(40):
+        save(root / "a" / f"{i:02d}.png", rng.integers(0, 256, (30, 30, 3), np.uint8))
+    ds = ours(str(root), image_size=(16, 16), batch_size=4, gpu_ready=True,
+              cache_dir=str(tmp_path / "cache"), verbose=False)
+    it = iter(ds)
+    next(it)
+    del it
+    gc.collect()
+    assert sum(int(x.shape[0]) for x, _ in ds) == 40
+    first, second = ds.loader.epoch_stats
+    assert 4 <= first["cache_fills"] == first["cpu_decodes"] <= first["files"] < 40
+    assert second["cache_fills"] + second["cache_hits"] == 40
+    assert first["cpu_decodes"] + second["cpu_decodes"] == 40
+    assert sum(int(x.shape[0]) for x, _ in ds) == 40
+    assert ds.loader.epoch_stats[-1]["cpu_decodes"] == 0
+
+
 @pytest.mark.parametrize("decoder", ["tf", "dali"])
 @pytest.mark.parametrize("damage", ["payload", "header", "torn"])
 def test_damaged_compact_entries_are_refilled_never_decoded_wrong(photo_tree, tmp_path, damage,

@@ -312,8 +312,7 @@ class ReadyPinned:
             problem = over_limit(size, self.max_pixels)
             if problem:
                 raise CorruptImageError(path, problem)
-            self.ready.count("fills", tally)
-            return PngFill(data, version, head.height, head.width)
+            return PngFill(data, version, head.height, head.width)  # counted once in a batch
         held = [(data, version)]  # handed over: the fill drops the bytes once decoded
         del data, head
         if small:

@@ -62,11 +62,13 @@ class _CompactEntry:
         self.pixels = None
         self.version = b""  # a PNG to fill from: the file's version when read
         self.shape: tuple[int, int, int] = (0, 0, 0)
-        if isinstance(item, PngFill):
+        self.png = isinstance(item, PngFill)
+        if self.png:
             self.data = item.data
             self.nbytes = len(item.data)
             self.shape = (item.height, item.width, channels)
-            self.version = (item.version or "").encode()  # None: changed while read, not kept
+            # b"?": changed while read (decoded, not kept); b"": not a PNG to fill from
+            self.version = (item.version or "?").encode()
         elif isinstance(item, OpenEntry):
             self.fd, self.at = item.fd, item.offset
             self.nbytes = os.fstat(self.fd).st_size - self.at
@@ -155,7 +157,9 @@ class _CompactEpochs(ReadyEpochs):
 
     def _register(self, tally) -> np.int64:
         """A token for an epoch's tally, which the batches' `store` counts into (the
-        latest `KEEP_TALLIES`)."""
+        latest `KEEP_TALLIES`). Finished epochs still waiting on stores close now: an
+        iterator abandoned after its generator ended never stores its last batches
+        (a late store still counts into the tally, after the epoch's line)."""
         with self._lock:
             self._tokens += 1
             self._tallies[self._tokens] = tally
@@ -163,8 +167,11 @@ class _CompactEpochs(ReadyEpochs):
             for old in [t for t in self._tallies if t <= self._tokens - KEEP_TALLIES]:
                 del self._tallies[old]
                 self._pending.pop(old, None)
-                self._closing.pop(old, None)
-            return np.int64(self._tokens)
+            waiting, self._closing = list(self._closing.values()), {}
+            token = np.int64(self._tokens)
+        for epoch in waiting:
+            epoch.close()
+        return token
 
     def _stores(self, token, n: int) -> None:
         """Counts a batch of epoch `token` to store (+1) or stored (-1); the last one
@@ -232,13 +239,17 @@ class _CompactEpochs(ReadyEpochs):
 
     def store(self, filled, paths, versions, token) -> np.int64:
         """Keeps the entries the op wrote for a batch's PNGs (`ReadyCache.store`),
-        counting failed writes into the batch's epoch."""
+        counting the fills (once the op ran: a PNG read ahead by an abandoned epoch is
+        not one) and failed writes into the batch's epoch."""
         ready = self.feed.items.ready
         tally = self._tallies.get(int(token))
         n = 0
         try:
             for entry, path, version in zip(filled, paths, versions):
-                if entry and version:
+                if not version:
+                    continue
+                ready.count("fills", tally)
+                if entry and version != b"?":
                     n += ready.store(os.fsdecode(path), version.decode(), entry, tally)
         finally:
             self._stores(token, -1)
