@@ -56,13 +56,17 @@ test: install fuse-lib lint
 # the main suite on $(TF_VERSION). A venv of its own: TF's CPU wheel, the loader's dependencies
 # (read from pyproject.toml) and pytest; no DALI (its tests skip or are deselected). The TF op
 # is built against that TF into _build/tf-$(TF_FLOOR)/ (about 15 s of g++; the loader takes the
-# build matching the running TF, decode/tf_png.py). Then the TF path's tests and the TF-path
-# cases of test_iterations. About 2-3 minutes (docs/development.md, "Older TensorFlow").
+# build matching the running TF, decode/tf_png.py). Then the TF path's tests, the TF-path
+# cases of test_iterations, and the GPU-ready cache's TF-path cases (the compact path runs
+# on the same internals; FLOOR_DESELECT: the cases that compare with DALI's operator or run
+# the prefetch tool, which need DALI). About 3 minutes (docs/development.md, "Older TensorFlow").
 TF_FLOOR ?= 2.16.2
 FLOOR_VENV := .venv-tf$(subst .,,$(basename $(TF_FLOOR)))
 FLOOR_PY := $(FLOOR_VENV)/bin/python
 FLOOR_OP := $(NATIVE_BUILD)/tf-$(TF_FLOOR)/dl_tf_png.so
-FLOOR_TESTS := tests/test_tf_path.py tests/test_tf_internals.py tests/test_iterations.py
+FLOOR_TESTS := tests/test_tf_path.py tests/test_tf_internals.py tests/test_iterations.py \
+	tests/test_gpu_ready.py
+FLOOR_DESELECT := not dali and not entries_hold_keras_pixels and not shared_by_later
 
 $(FLOOR_VENV)/.installed: pyproject.toml Makefile
 	$(PY) -m venv $(FLOOR_VENV)
@@ -78,7 +82,7 @@ $(FLOOR_OP): $(FLOOR_VENV)/.installed $(NATIVE_BUILD)/libdlpng.so $(NATIVE)/tf_p
 
 test-tf-floor: $(FLOOR_OP)
 	$(FLOOR_PY) -c 'import tensorflow as tf; assert tf.__version__ == "$(TF_FLOOR)", tf.__version__'
-	$(FLOOR_PY) -m pytest -q -ra -p no:cacheprovider $(FLOOR_TESTS) -k "not dali"
+	$(FLOOR_PY) -m pytest -q -ra -p no:cacheprovider $(FLOOR_TESTS) -k "$(FLOOR_DESELECT)"
 
 # ruff over the whole repository (pyproject.toml's [tool.ruff]: the rules, and why some are not
 # selected), then mypy over the TF-free core (its [tool.mypy]: the files, and each exception
