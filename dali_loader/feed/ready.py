@@ -278,8 +278,10 @@ class ReadyPinned:
     """Item reader for a consumer that reads entries itself (the TF path's batch
     reader): by index position, an open entry (`OpenEntry`, which the kernel is
     asked to read ahead, `POSIX_FADV_WILLNEED`), closed when released; or, when it
-    had to be filled, the entry's bytes (raw form) or the decoded pixels (compact
-    form: the batch copies them, nothing decodes the new entry)."""
+    had to be filled: the entry's bytes (raw form); for the compact form a PNG for
+    the TF op to decode and write (`PngFill`, with `png_fills`: the plan's
+    `fill_where` is the op), else the decoded pixels (the batch copies them) or,
+    for a big image, the entry written and opened (`_fill`)."""
 
     io = True
     holds = True

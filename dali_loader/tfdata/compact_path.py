@@ -79,14 +79,17 @@ class _CompactEntry:
             self.data = item
             self.nbytes = memoryview(item).nbytes
 
-    def read_into(self, out: np.ndarray) -> None:
+    def read_into(self, out: np.ndarray) -> bool:
+        """Copies or reads the item into `out`; False on a short read (an entry cut
+        on disk after it was opened: refilled like a damaged one)."""
         if self.pixels is not None:
             out[:RAW_HEADER] = np.frombuffer(raw_header(self.pixels.shape), np.uint8)
             out[RAW_HEADER:] = self.pixels.reshape(-1)
         elif self.data is not None:
             out[:] = np.frombuffer(self.data, np.uint8)
-        elif os.preadv(self.fd, [memoryview(out)], self.at) != out.size:
-            raise OSError(f"short read of a GPU-ready cache entry (descriptor {self.fd})")
+        else:
+            return os.preadv(self.fd, [memoryview(out)], self.at) == out.size
+        return True
 
     def check(self, view: np.ndarray) -> bool:
         """Whether the entry's header, chunk table and frame headers hold (the core's
@@ -95,7 +98,7 @@ class _CompactEntry:
         if self.pixels is not None:
             self.shape = self.pixels.shape
             return True
-        if self.version or self.shape[0]:
+        if self.png:
             return True
         try:
             self.shape = compact_form.info(view).shape
@@ -207,9 +210,8 @@ class _CompactEpochs(ReadyEpochs):
         changed = False
         for i, entry in enumerate(entries):
             view = flat[bounds[i]:bounds[i + 1]]
-            entry.read_into(view)
             parts.append(view)
-            if not entry.check(view):
+            if not (entry.read_into(view) and entry.check(view)):
                 entries[i], parts[i] = self._refilled(epoch, positions[i], channels)
                 changed = True
         live = [(e, p, part) for e, p, part in zip(entries, positions, parts) if e is not None]
