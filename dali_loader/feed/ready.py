@@ -131,10 +131,7 @@ class ReadyCache:
 
         The decoded pixels are written as they are and dropped before the entry
         is read back, so a large image is held once (never pixels and entry)."""
-        if read is None:
-            with read_errors(path):
-                read = self.source.read_versioned(path)
-        data, version = read
+        data, version = read or self.read(path)
         del read
         parts = encode_parts(self.decode(data, path), self.form)
         del data
@@ -155,16 +152,18 @@ class ReadyCache:
         pixels themselves (HxWxC uint8): a caller that wants pixels (the TF path's
         compact batches) does not decode the entry it just wrote. `read`: the file's
         bytes and version when the caller read them."""
-        if read is None:
-            with read_errors(path):
-                read = self.source.read_versioned(path)
-        data, version = read
+        data, version = read or self.read(path)
         del read
         pixels = self.decode(data, path)
         del data
         self.count("fills", tally)
         self._store(path, version, encode_parts(pixels, self.form), tally)
         return pixels
+
+    def read(self, path: str) -> tuple[FileBytes, str | None]:
+        """`path`'s bytes and the version they are of (a failed read named)."""
+        with read_errors(path):
+            return self.source.read_versioned(path)
 
     def store(self, path: str, version: str, entry: Blob, tally=None) -> bool:
         """Writes an entry encoded elsewhere (the TF op's fills) for `path` as of
@@ -304,8 +303,7 @@ class ReadyPinned:
         twice). A file the op refused once (libpng's, or corrupt) is decoded here,
         where its error, if any, is raised before it is counted as a fill."""
         path = self.table.paths[pos]
-        with read_errors(path):
-            data, version = self.ready.source.read_versioned(path)
+        data, version = self.ready.read(path)
         head = png.read_ihdr(data)
         size = (head.width, head.height) if head is not None else image_size(data)
         small = size is not None and size[0] * size[1] <= BIG_PNG_PIXELS

@@ -218,6 +218,37 @@ DL_EXPORT int dl_entry_decode_into(const uint8_t* data, size_t size, uint64_t ma
   return why ? DL_ENTRY_BAD : DL_ENTRY_OK;
 }
 
+DL_EXPORT int dl_entry_decode_as(const uint8_t* data, size_t size, uint64_t max_pixels,
+                                 uint32_t height, uint32_t width, uint32_t channels,
+                                 uint8_t* out, size_t out_size, const char** reason) {
+  const char* why = nullptr;
+  const uint64_t total = uint64_t{height} * width * channels;
+  if (data == nullptr || out == nullptr || !shape_ok(height, width, channels) ||
+      out_size < total) {
+    why = "bad arguments (the shape, or an output buffer smaller than its pixels)";
+  } else if (size >= DL_RAW_ENTRY_HEADER && memcmp(data, "DLRW", 4) == 0) {
+    if (le32(data + 4) != height || le32(data + 8) != width || le32(data + 12) != channels) {
+      why = "a raw entry of another shape";
+    } else if (size - DL_RAW_ENTRY_HEADER != total) {
+      why = "a raw entry whose size does not match its shape";
+    } else {
+      memcpy(out, data + DL_RAW_ENTRY_HEADER, total);
+    }
+  } else {
+    dl_entry_info info;
+    why = read_info(data, size, max_pixels, &info);
+    if (why == nullptr &&
+        (info.height != height || info.width != width || info.channels != channels)) {
+      why = "an entry of another shape";
+    }
+    if (why == nullptr) {
+      return dl_entry_decode_into(data, size, max_pixels, out, out_size, reason);
+    }
+  }
+  if (reason != nullptr) *reason = why;
+  return why ? DL_ENTRY_BAD : DL_ENTRY_OK;
+}
+
 DL_EXPORT size_t dl_entry_encode_bound(uint32_t height, uint32_t width, uint32_t channels,
                                        uint32_t chunk_bytes) {
   if (!shape_ok(height, width, channels) || chunk_bytes < kMinChunk || chunk_bytes > kMaxChunk) {

@@ -32,7 +32,7 @@ extern "C" {
 enum { DL_ENTRY_OK = 0, DL_ENTRY_BAD = 1 };
 enum { DL_FILTER_NONE = 0, DL_FILTER_UP = 1, DL_FILTER_SUB = 2 };
 enum { DL_CODEC_ZSTD = 1 };
-enum { DL_ENTRY_FIXED_HEADER = 32 };
+enum { DL_ENTRY_FIXED_HEADER = 32, DL_RAW_ENTRY_HEADER = 16 };
 
 typedef struct {
   uint32_t height;
@@ -56,6 +56,16 @@ int dl_entry_info_of(const uint8_t* data, size_t size, uint64_t max_pixels,
  * *reason (`out` then unspecified). */
 int dl_entry_decode_into(const uint8_t* data, size_t size, uint64_t max_pixels,
                          uint8_t* out, size_t out_size, const char** reason);
+
+/* Decodes an entry of either form that must hold height x width x channels pixels into
+ * out[0:out_size] (at least that many bytes): a compact entry ("DLZ1") as
+ * dl_entry_decode_into, once its header says that shape; a raw one (formats/ready.py:
+ * "DLRW", then height, width, channels as little-endian uint32, then exactly the pixels)
+ * copied, once its header says that shape and its size is exact. DL_ENTRY_OK with exactly
+ * the pixels written, or DL_ENTRY_BAD with *reason. The TF op's per-entry decode. */
+int dl_entry_decode_as(const uint8_t* data, size_t size, uint64_t max_pixels, uint32_t height,
+                       uint32_t width, uint32_t channels, uint8_t* out, size_t out_size,
+                       const char** reason);
 
 /* The most bytes dl_entry_encode writes for these pixels (0: bad arguments). */
 size_t dl_entry_encode_bound(uint32_t height, uint32_t width, uint32_t channels,

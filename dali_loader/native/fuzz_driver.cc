@@ -7,9 +7,9 @@
 // max_pixels from argv[1] (default 1 << 28). A sanitizer finding aborts the process
 // (-fno-sanitize-recover=all). With argv[2] == "-v", one line per file and mode:
 // "ok <CRC-32 of the pixels, as zlib.crc32>" or "fallback <reason>".
-// With argv[3] == "entry", each file is a compact cache entry (entry_core.h) instead:
-// its header read, then decoded into a buffer of exactly its pixels' size; one line
-// per file ("ok <CRC-32>" or "fallback <reason>").
+// With argv[3] == "entry", each file is a cache entry (entry_core.h) instead, compact or
+// raw: the shape its header claims read, then dl_entry_decode_as into a buffer of
+// exactly that size; one line per file ("ok <CRC-32>" or "fallback <reason>").
 // Last line: "files N ok K fallback F".
 
 #include <stdint.h>
@@ -56,18 +56,38 @@ int main(int argc, char** argv) {
     }
     files++;
     if (entries) {
-      dl_entry_info info;
+      // The shape the entry claims (a raw one's header; a compact one's, checked), then
+      // dl_entry_decode_as into exactly that many bytes, as the TF op decodes it.
       const char* reason = nullptr;
-      int rc = dl_entry_info_of(file, n, max_pixels, &info, &reason);
-      uint32_t hash = 0;
-      if (rc == DL_ENTRY_OK) {
-        const size_t size = size_t{info.height} * info.width * info.channels;
-        if (uint64_t{info.width} * info.height > max_pixels) {
-          fprintf(stderr, "an entry of %ux%u over max_pixels\n", info.width, info.height);
+      uint32_t h = 0, w = 0, c = 0;
+      int rc = DL_ENTRY_BAD;
+      if (n >= DL_RAW_ENTRY_HEADER && memcmp(file, "DLRW", 4) == 0) {
+        memcpy(&h, file + 4, 4);  // little-endian hosts only, as the loader
+        memcpy(&w, file + 8, 4);
+        memcpy(&c, file + 12, 4);
+        rc = uint64_t{h} * w <= max_pixels && c <= 4 ? DL_ENTRY_OK : DL_ENTRY_BAD;
+        if (rc != DL_ENTRY_OK) {  // its claimed shape is not allocated: a 1-byte buffer
+          uint8_t byte = 0;
+          if (dl_entry_decode_as(file, n, max_pixels, h, w, c, &byte, 0, &reason) ==
+              DL_ENTRY_OK) {
+            fprintf(stderr, "a raw entry of %ux%ux%u decoded into no buffer\n", h, w, c);
+            return 3;
+          }
+        }
+      } else {
+        dl_entry_info info;
+        rc = dl_entry_info_of(file, n, max_pixels, &info, &reason);
+        h = info.height, w = info.width, c = info.channels;
+        if (rc == DL_ENTRY_OK && uint64_t{w} * h > max_pixels) {
+          fprintf(stderr, "an entry of %ux%u over max_pixels\n", w, h);
           return 3;
         }
-        uint8_t* out = static_cast<uint8_t*>(malloc(size));
-        rc = dl_entry_decode_into(file, n, max_pixels, out, size, &reason);
+      }
+      uint32_t hash = 0;
+      if (rc == DL_ENTRY_OK) {
+        const size_t size = size_t{h} * w * c;
+        uint8_t* out = static_cast<uint8_t*>(malloc(size ? size : 1));
+        rc = dl_entry_decode_as(file, n, max_pixels, h, w, c, out, size, &reason);
         if (rc == DL_ENTRY_OK) hash = crc32(out, size);
         free(out);
       }

@@ -175,30 +175,6 @@ size; a PNG the core decodes, of shapes[i]); where not, its pixels are zeros and
 the caller replaces them (a PNG the core leaves to libpng, or a corrupt one).
 )doc");
 
-// A raw entry (formats/ready.py): "DLRW", then height, width, channels as
-// little-endian uint32, then exactly height * width * channels bytes of pixels.
-constexpr size_t kRawHeader = 16;
-
-uint32_t Le32(const uint8_t* p) {
-  return static_cast<uint32_t>(p[0]) | static_cast<uint32_t>(p[1]) << 8 |
-         static_cast<uint32_t>(p[2]) << 16 | static_cast<uint32_t>(p[3]) << 24;
-}
-
-bool IsRaw(const uint8_t* entry, size_t size) {
-  return size >= kRawHeader && memcmp(entry, "DLRW", 4) == 0;
-}
-
-// Copies a raw entry's pixels when its header says (h, w, c) and its size is exact.
-bool CopyRaw(const uint8_t* entry, size_t size, int64_t h, int64_t w, int64_t c, uint8_t* out,
-             size_t nbytes) {
-  if (Le32(entry + 4) != h || Le32(entry + 8) != w || Le32(entry + 12) != c ||
-      size != kRawHeader + nbytes) {
-    return false;
-  }
-  memcpy(out, entry + kRawHeader, nbytes);
-  return true;
-}
-
 // Decodes a PNG of shape (h, w, c) with the core into out[0:nbytes]; false when the
 // core leaves it to libpng, refuses it, or it is not of that shape.
 bool DecodePngAs(const uint8_t* data, size_t size, int64_t h, int64_t w, int64_t c,
@@ -313,17 +289,10 @@ class DaliLoaderDecodeEntriesOp : public OpKernel {
             EncodeEntry(out + o(i), s(i, 0), s(i, 1), s(i, 2), filter_, level_, chunk_bytes_,
                         &fills(i));
           }
-        } else if (IsRaw(entry, entry_size)) {
-          done = CopyRaw(entry, entry_size, s(i, 0), s(i, 1), s(i, 2), out + o(i), nbytes);
-        } else {
-          dl_entry_info info;
+        } else {  // a compact entry decoded, a raw one copied (entry_core.h)
           const char* reason = nullptr;
-          done = dl_entry_info_of(entry, entry_size, limit, &info, &reason) == DL_ENTRY_OK &&
-                 static_cast<int64_t>(info.height) == s(i, 0) &&
-                 static_cast<int64_t>(info.width) == s(i, 1) &&
-                 static_cast<int64_t>(info.channels) == s(i, 2) &&
-                 dl_entry_decode_into(entry, entry_size, limit, out + o(i), nbytes, &reason) ==
-                     DL_ENTRY_OK;
+          done = dl_entry_decode_as(entry, entry_size, limit, s(i, 0), s(i, 1), s(i, 2),
+                                    out + o(i), nbytes, &reason) == DL_ENTRY_OK;
         }
         if (!done) memset(out + o(i), 0, nbytes);
         good[i] = done;

@@ -44,7 +44,22 @@ def entry_bases() -> list[tuple[bytes, np.ndarray]]:
     return out
 
 
+def raw_bases() -> list[tuple[bytes, np.ndarray]]:
+    """Raw entries (`formats.ready`: a 16-byte header, then the pixels) of
+    `entry_bases()`' images: what the TF op copies for a file the feed decoded."""
+    from dali_loader.formats.ready import encode_raw
+
+    seen, out = set(), []
+    for _, px in entry_bases():
+        if px.shape not in seen:
+            seen.add(px.shape)
+            out.append((encode_raw(px), px))
+    return out
+
+
 def _u32_fields(data: bytes) -> list[int]:
+    if data[:4] == b"DLRW":
+        return [4, 8, 12]
     chunks = struct.unpack_from("<I", data, 24)[0] if len(data) >= 28 else 0
     return list(range(8, 32, 4)) + [32 + 4 * k for k in range(min(chunks, 64))]
 
@@ -87,9 +102,11 @@ def mutate(data: bytes, rng: np.random.Generator, others: list[bytes]) -> bytes:
     return bytes(buf)
 
 
-def mutants(n: int, seed: int) -> Iterator[tuple[bytes, np.ndarray]]:
-    """`n` seeded mutants of `entry_bases()`, each with its source's pixels."""
-    bases = entry_bases()
+def mutants(n: int, seed: int,
+            bases: list[tuple[bytes, np.ndarray]] | None = None) -> Iterator[tuple[bytes, np.ndarray]]:
+    """`n` seeded mutants of `bases` (default `entry_bases()`), each with its source's
+    pixels."""
+    bases = entry_bases() if bases is None else bases
     others = [e for e, _ in bases]
     rng = np.random.default_rng(seed)
     for _ in range(n):
