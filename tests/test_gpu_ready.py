@@ -55,7 +55,7 @@ def tf_decode_entries(entries, size: int = 64):
         sizes = np.prod(shapes, axis=1, dtype=np.int64)
         offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
         bounds = np.concatenate([[0], np.cumsum([len(e) for e in batch])]).astype(np.int64)
-        pixels, ok, _ = decode_entries(np.frombuffer(b"".join(batch), np.uint8), bounds, offsets,
+        pixels, ok, *_ = decode_entries(np.frombuffer(b"".join(batch), np.uint8), bounds, offsets,
                                        shapes, np.int64(sizes.sum()))
         assert ok.numpy().all()
         pixels = pixels.numpy()
@@ -403,6 +403,78 @@ def test_an_abandoned_fill_counts_what_it_decoded(tmp_path):
     assert first["cpu_decodes"] + second["cpu_decodes"] == 40
     assert sum(int(x.shape[0]) for x, _ in ds) == 40
     assert ds.loader.epoch_stats[-1]["cpu_decodes"] == 0
+
+
+def test_the_last_batch_spreads_over_the_calls_and_decodes_the_same(photo_tree, tmp_path,
+                                                                     monkeypatch):
+    """On the compact path only an epoch's last batch, which runs alone, is split over
+    the decode calls' threads (`spread`); the op's outputs do not depend on it: the
+    same pixels, refusals and written entries with spread 1 and 2."""
+    from dali_loader.decode.tf_png import decode_entries
+    from dali_loader.tfdata import compact_path
+
+    spreads = []
+    real = compact_path._CompactEpochs.epoch
+
+    def recorded(self):
+        for batch in real(self):
+            spreads.append(int(batch[-1]))
+            yield batch
+
+    monkeypatch.setattr(compact_path._CompactEpochs, "epoch", recorded)
+    ds = ours(str(photo_tree), image_size=(16, 16), batch_size=4, gpu_ready=True,
+              cache_dir=str(tmp_path / "cache"), num_threads=3, verbose=False)
+    for _ in range(2):
+        assert sum(int(x.shape[0]) for x, _ in ds) == 21
+    assert spreads == 2 * ([1] * 5 + [3])
+
+    files = sorted(str(p) for p in photo_tree.rglob("*.png"))[:7]
+    blobs = [open(f, "rb").read() for f in files] + [b"\x89PNG\r\n\x1a\n broken"]
+    shapes = [keras_pixels(f, 3).shape for f in files] + [(5, 5, 3)]
+    sizes = np.prod(shapes, axis=1)
+    offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    bounds = np.concatenate([[0], np.cumsum([len(b) for b in blobs])])
+    flat = np.frombuffer(b"".join(blobs), np.uint8)
+    outs = [[t.numpy() for t in decode_entries(flat, bounds, offsets, np.asarray(shapes, np.int32),
+                                               int(sizes.sum()), spread=spread)]
+            for spread in (1, 2)]
+    for one, two in zip(*outs):
+        np.testing.assert_array_equal(one, two)
+    pixels, ok, filled, at, size = outs[1]
+    assert ok.tolist() == [True] * 7 + [False] and (size[:7] > 0).all() and size[7] == 0
+    for i, f in enumerate(files):
+        entry = filled[at[i]:at[i] + size[i]]
+        np.testing.assert_array_equal(decode(entry.tobytes(), ReadyForm.COMPACT),
+                                      keras_pixels(f, 3))
+
+
+def test_dali_fills_hand_their_pixels_to_the_operator(photo_tree, tmp_path, monkeypatch):
+    """On the DALI path a fill stores the compact entry and hands the operator the
+    pixels it just decoded (a raw entry, which the operator copies), instead of reading
+    the entry back and decoding it again; the next epoch reads the compact entries.
+    The same pixels in both epochs, and those of the DALI path without the cache."""
+    from dali_loader.feed.ready import ReadyBytes
+
+    heads = []
+    real = ReadyBytes.__call__
+
+    def recorded(self, pos, tally=None):
+        item = real(self, pos, tally)
+        heads.append(bytes(memoryview(item)[:4]))
+        return item
+
+    monkeypatch.setattr(ReadyBytes, "__call__", recorded)
+    kw = dict(image_size=(16, 16), batch_size=4, shuffle=False, device="cpu", decoder="dali",
+              verbose=False)
+    ref = np.concatenate([x.numpy() for x, _ in ours(str(photo_tree), **kw)])
+    cache = tmp_path / "cache"
+    ds = ours(str(photo_tree), gpu_ready=True, cache_dir=str(cache), **kw)
+    for epoch in range(2):
+        np.testing.assert_array_equal(np.concatenate([x.numpy() for x, _ in ds]), ref)
+        assert heads == [b"DLRW" if epoch == 0 else b"DLZ1"] * 21
+        heads.clear()
+    assert [s["cpu_decodes"] for s in ds.loader.epoch_stats] == [21, 0]
+    assert len(_entry_files(cache)) == 21
 
 
 @pytest.mark.parametrize("decoder", ["tf", "dali"])

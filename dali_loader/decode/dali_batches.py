@@ -42,7 +42,7 @@ from dali_loader.errors import CorruptImageError
 from dali_loader.exiting import exiting, track
 from dali_loader.feed.epochs import Chunk, Feed, FeedEpoch
 from dali_loader.lazy import import_tf
-from dali_loader.malloc import trim_freed_memory
+from dali_loader.malloc import keep_read_buffers, trim_freed_memory
 
 logger = logging.getLogger(__name__)
 
@@ -291,6 +291,11 @@ class DaliBatches:
               ) -> Iterator[tuple[np.ndarray, np.ndarray | None]]:
         """Epoch `number` (default: the next), from batch `start_step` on."""
         t0 = time.perf_counter()
+        if self.input in (Input.READY_COMPACT, Input.READY_RAW):
+            # The cache's fills decode, encode and read on the feed's threads: buffers of
+            # a photo's size from the heap, not a fresh mapping each (dali_loader.malloc;
+            # measured: docs/gpu_ready.md, "The fills' memory").
+            keep_read_buffers()
         epoch = self.feed.epoch(number, start_step)
         pipe, slot = self._checkout()
         slot.start(epoch, self.batch_size)
@@ -384,7 +389,7 @@ class DaliBatches:
             logger.warning("The GPU-ready cache entry of %s is damaged (%s); decoding the file "
                            "again.", path, culprits[pos])
             try:
-                out[pos] = ready.fill(path, epoch.tally)
+                out[pos] = ready.fill(path, epoch.tally, raw_back=True)
             except CorruptImageError as e:
                 culprits[pos] = e.reason
                 continue

@@ -116,16 +116,20 @@ def decode_image_like_keras(data, channels: int, tf):
 
 
 def decode_entries(entries, bounds, offsets, shapes, total, channels: int = 3,
-                   max_pixels: int = ENTRY_MAX_PIXELS):
+                   max_pixels: int = ENTRY_MAX_PIXELS, spread=1):
     """The op library's `DaliLoaderDecodeEntries`: a batch of GPU-ready cache items,
     item i being `entries[bounds[i]:bounds[i+1]]`, decoded by the native core into one
     flat uint8 [total] tensor, image i at `offsets[i]` with shape `shapes[i]`: a
     compact entry (`formats.compact`) decoded, a raw one (`formats.ready`) copied, a
     PNG (a fill) decoded to `channels` exactly as `tf.io.decode_png` and written as a
     compact entry in the form `formats.compact` writes (filter, level, chunk size).
-    Returns `(pixels, ok, filled)`: ok[i] False where the core refused item i (its
-    pixels then zeros, for the caller to replace); filled[i] the new entry of a PNG
-    (empty for every other item)."""
+    Returns `(pixels, ok, filled, filled_at, filled_size)`: ok[i] False where the core
+    refused item i (its pixels then zeros, for the caller to replace); the new entry of
+    a PNG is `filled[filled_at[i]:filled_at[i] + filled_size[i]]` (size 0 for every
+    other item): one flat buffer in TF's pooled memory, viewed without a copy.
+    `spread` > 1: the batch's items are split over that many of TF's intra-op threads
+    whatever tf.data's per-thread limit (one, by default): for a batch that runs alone,
+    an epoch's last."""
     return require().dali_loader_decode_entries(
-        entries, bounds, offsets, shapes, total, max_pixels=max_pixels, channels=channels,
+        entries, bounds, offsets, shapes, total, spread, max_pixels=max_pixels, channels=channels,
         filter=compact.FILTER, level=compact.LEVEL, chunk_bytes=compact.CHUNK_BYTES)

@@ -254,6 +254,7 @@ class FeedEpoch:
         else:
             self._stream = (self._read_inline(read, k) for k in keys)
         self._results = zip(order, self._stream)
+        self._pulled = 0  # positions taken from the stream (kept or skipped)
         self.closed = False
         feed.epoch_setup_seconds.append(time.perf_counter() - t0)
 
@@ -276,6 +277,7 @@ class FeedEpoch:
         while not exiting():  # at exit the epoch ends here (dali_loader.exiting)
             try:
                 pos, result = next(self._results)
+                self._pulled += 1
             except StopIteration:
                 break
             except (cf.CancelledError, RuntimeError):  # the read pool stopped at exit
@@ -300,6 +302,12 @@ class FeedEpoch:
             return None
         self.tally.add("files", len(items))
         return Chunk(items, positions)
+
+    @property
+    def remaining(self) -> int:
+        """Positions of `order` not yet taken by `next_chunk` (0: the chunk just taken
+        was the epoch's last)."""
+        return len(self.order) - self._pulled
 
     def _hold(self, pos: int, item: Any) -> bool:
         """Holds an item until it is released (or the epoch closes); after

@@ -116,29 +116,41 @@ class ReadyCache:
     @overload
     def fill(self, path: str, tally=None, store: bool = True,
              read_back: Literal[True] = True,
-             read: tuple[FileBytes, str | None] | None = None) -> Blob: ...
+             read: tuple[FileBytes, str | None] | None = None, raw_back: bool = False) -> Blob: ...
     @overload
     def fill(self, path: str, tally=None, store: bool = True, *,
-             read_back: bool, read: tuple[FileBytes, str | None] | None = None) -> Blob | None: ...
+             read_back: bool, read: tuple[FileBytes, str | None] | None = None,
+             raw_back: bool = False) -> Blob | None: ...
 
     def fill(self, path: str, tally=None, store: bool = True,
              read_back: bool = True,
-             read: tuple[FileBytes, str | None] | None = None) -> Blob | None:
+             read: tuple[FileBytes, str | None] | None = None,
+             raw_back: bool = False) -> Blob | None:
         """Reads and decodes `path` on the CPU, stores its entry (unless not
         `store`), returns its bytes (None when it was stored and not `read_back`:
         the caller opens the entry itself). `read`: the file's bytes and version
-        when the caller read them.
+        when the caller read them. `raw_back`: for a reader that takes either form
+        (the DALI operator), an image of at most `BIG_PNG_PIXELS` comes back as a
+        raw entry of its pixels once its entry is stored, not read back and decoded
+        again.
 
         The decoded pixels are written as they are and dropped before the entry
         is read back, so a large image is held once (never pixels and entry)."""
         data, version = read or self.read(path)
         del read
-        parts = encode_parts(self.decode(data, path), self.form)
+        decoded = self.decode(data, path)
         del data
+        parts = encode_parts(decoded, self.form)
+        # Kept only to hand back (never a big image's: it would be held twice).
+        pixels = (decoded if raw_back and decoded.shape[0] * decoded.shape[1] <= BIG_PNG_PIXELS
+                  else None)
+        del decoded
         self.count("fills", tally)
         if not (store and self._store(path, version, parts, tally)):
             return join_parts(parts)
         del parts
+        if pixels is not None:
+            return join_parts(encode_parts(pixels, ReadyForm.RAW))
         meta = DerivedMeta(path, version or "")  # stored: the version was known
         if not read_back:
             return None
@@ -165,7 +177,7 @@ class ReadyCache:
         with read_errors(path):
             return self.source.read_versioned(path)
 
-    def store(self, path: str, version: str, entry: Blob, tally=None) -> bool:
+    def store(self, path: str, version: str, entry: list | Blob, tally=None) -> bool:
         """Writes an entry encoded elsewhere (the TF op's fills) for `path` as of
         `version`; False when it was not stored."""
         return self._store(path, version, entry, tally)
@@ -367,8 +379,8 @@ class ReadyBytes:
 
     def __call__(self, pos: int, tally=None) -> Blob:
         item = self.table.open(pos)
-        if item is None:
-            return self.ready.fill(self.table.paths[pos], tally)
+        if item is None:  # the operator takes the fill's pixels as they are (a raw entry)
+            return self.ready.fill(self.table.paths[pos], tally, raw_back=True)
         try:
             size = os.fstat(item.fd).st_size - item.offset
             data: Blob

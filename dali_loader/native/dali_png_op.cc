@@ -156,17 +156,17 @@ class EntryDecode : public ::dali::Operator<::dali::CPUBackend> {
       DALI_ENFORCE(sample_shape.sample_dim() == 1,
                    ::dali::make_string("dali_loader.entry_decode takes 1-D samples. Received: "
                                        "shape=", sample_shape));
-      dl_entry_info info;
+      uint32_t h = 0, w = 0, c = 0;
       const char *reason = nullptr;
-      DALI_ENFORCE(dl_entry_info_of(static_cast<const uint8_t *>(input.raw_tensor(i)),
-                                    static_cast<size_t>(sample_shape[0]),
-                                    static_cast<uint64_t>(max_pixels_), &info,
-                                    &reason) == DL_ENTRY_OK,
-                   ::dali::make_string("A compact GPU-ready cache entry is damaged (", reason,
+      DALI_ENFORCE(dl_entry_shape_of(static_cast<const uint8_t *>(input.raw_tensor(i)),
+                                     static_cast<size_t>(sample_shape[0]),
+                                     static_cast<uint64_t>(max_pixels_), &h, &w, &c,
+                                     &reason) == DL_ENTRY_OK,
+                   ::dali::make_string("A GPU-ready cache entry is damaged (", reason,
                                        "). Delete the cache folder's entries or fill them again "
                                        "(dali-loader prefetch --gpu-ready). Received: sample ", i,
                                        " of ", sample_shape[0], " bytes"));
-      shape.set_tensor_shape(i, ::dali::TensorShape<3>(info.height, info.width, info.channels));
+      shape.set_tensor_shape(i, ::dali::TensorShape<3>(h, w, c));
     }
     output_desc.resize(1);
     output_desc[0].shape = shape;
@@ -186,11 +186,14 @@ class EntryDecode : public ::dali::Operator<::dali::CPUBackend> {
       pool.AddWork(
           [&, i, out_size](int) {
             const char *reason = nullptr;
-            if (dl_entry_decode_into(static_cast<const uint8_t *>(input.raw_tensor(i)),
-                                     static_cast<size_t>(input.tensor_shape(i)[0]),
-                                     static_cast<uint64_t>(max_pixels_),
-                                     static_cast<uint8_t *>(pixels.raw_mutable_tensor(i)),
-                                     out_size, &reason) != DL_ENTRY_OK)
+            const auto hwc = pixels.tensor_shape(i);
+            if (dl_entry_decode_as(static_cast<const uint8_t *>(input.raw_tensor(i)),
+                                   static_cast<size_t>(input.tensor_shape(i)[0]),
+                                   static_cast<uint64_t>(max_pixels_),
+                                   static_cast<uint32_t>(hwc[0]), static_cast<uint32_t>(hwc[1]),
+                                   static_cast<uint32_t>(hwc[2]),
+                                   static_cast<uint8_t *>(pixels.raw_mutable_tensor(i)),
+                                   out_size, &reason) != DL_ENTRY_OK)
               reasons_[i] = reason ? reason : "refused";
           },
           static_cast<int64_t>(out_size));
@@ -198,7 +201,7 @@ class EntryDecode : public ::dali::Operator<::dali::CPUBackend> {
     pool.RunAll();
     for (int i = 0; i < n; ++i) {
       DALI_ENFORCE(reasons_[i] == nullptr,
-                   ::dali::make_string("A compact GPU-ready cache entry is damaged (", reasons_[i],
+                   ::dali::make_string("A GPU-ready cache entry is damaged (", reasons_[i],
                                        "). Delete the cache folder's entries or fill them again "
                                        "(dali-loader prefetch --gpu-ready). Received: sample ", i));
     }
@@ -214,9 +217,10 @@ class EntryDecode : public ::dali::Operator<::dali::CPUBackend> {
 DALI_REGISTER_OPERATOR(dali_loader__EntryDecode, ::dali_loader::EntryDecode, ::dali::CPU);
 
 DALI_SCHEMA(dali_loader__EntryDecode)
-    .DocStr(R"(Decodes dali-loader's compact GPU-ready cache entries (delta-filtered
-pixels in zstd chunks, with a CRC-32) into HWC uint8 pixels with the native core. A
-damaged entry fails the batch, naming why.)")
+    .DocStr(R"(Decodes dali-loader's GPU-ready cache entries into HWC uint8 pixels with
+the native core: a compact entry (delta-filtered pixels in zstd chunks, with a CRC-32)
+decoded, a raw one (its 16-byte header, then exactly the pixels: a fill's pixels
+handed over as they are) copied. A damaged entry fails the batch, naming why.)")
     .NumInput(1)
     .NumOutput(1)
     .AddOptionalArg("max_pixels", "Refuse entries whose header claims more pixels.",

@@ -90,16 +90,33 @@ void unfilter(uint32_t filter, uint8_t* out, size_t a, size_t b, size_t row, siz
 }
 
 // The filtered bytes p'[a:b) of the pixels p, into dst.
+// dst[k] = x[k] - y[k] for k < n (mod 256): vectorised; dst overlaps neither source.
+inline void diff_into(uint8_t* __restrict dst, const uint8_t* x, const uint8_t* y, size_t n) {
+  for (size_t k = 0; k < n; k++) dst[k] = static_cast<uint8_t>(x[k] - y[k]);
+}
+
+// Filters p[a:b) into dst[0:b-a): "Up" subtracts the byte one row above (none in the
+// first row), "Sub" the byte one pixel to the left (none in a row's first pixel).
 void filter_range(uint32_t filter, const uint8_t* p, size_t a, size_t b, size_t row,
                   size_t channels, uint8_t* dst) {
-  for (size_t i = a; i < b; i++) {
-    uint8_t prev = 0;
-    if (filter == DL_FILTER_UP) {
-      prev = i >= row ? p[i - row] : 0;
-    } else if (filter == DL_FILTER_SUB) {
-      prev = i % row >= channels ? p[i - channels] : 0;
+  if (filter == DL_FILTER_UP) {
+    const size_t head = a < row ? (b < row ? b : row) - a : 0;  // first-row bytes: as they are
+    memcpy(dst, p + a, head);
+    if (a + head < b) diff_into(dst + head, p + a + head, p + a + head - row, b - a - head);
+  } else if (filter == DL_FILTER_SUB) {
+    for (size_t i = a; i < b;) {
+      const size_t start = i - i % row;  // the row's first byte
+      const size_t end = start + row < b ? start + row : b;
+      const size_t lead = start + channels < end ? start + channels : end;  // its first pixel
+      if (i < lead) {
+        memcpy(dst + (i - a), p + i, lead - i);
+        i = lead;
+      }
+      if (i < end) diff_into(dst + (i - a), p + i, p + i - channels, end - i);
+      i = end;
     }
-    dst[i - a] = static_cast<uint8_t>(p[i] - prev);
+  } else {
+    memcpy(dst, p + a, b - a);
   }
 }
 
@@ -214,6 +231,34 @@ DL_EXPORT int dl_entry_decode_into(const uint8_t* data, size_t size, uint64_t ma
       }
     }
   }
+  if (reason != nullptr) *reason = why;
+  return why ? DL_ENTRY_BAD : DL_ENTRY_OK;
+}
+
+DL_EXPORT int dl_entry_shape_of(const uint8_t* data, size_t size, uint64_t max_pixels,
+                                uint32_t* height, uint32_t* width, uint32_t* channels,
+                                const char** reason) {
+  const char* why = nullptr;
+  uint32_t h = 0, w = 0, c = 0;
+  if (data == nullptr || height == nullptr || width == nullptr || channels == nullptr) {
+    why = "bad arguments";
+  } else if (size >= DL_RAW_ENTRY_HEADER && memcmp(data, "DLRW", 4) == 0) {
+    h = le32(data + 4);
+    w = le32(data + 8);
+    c = le32(data + 12);
+    if (!shape_ok(h, w, c)) {
+      why = "a raw entry whose header says no image shape";
+    } else if (uint64_t{h} * w > (max_pixels ? max_pixels : kDefaultMaxPixels)) {
+      why = "a raw entry over max_pixels";
+    } else if (size - DL_RAW_ENTRY_HEADER != uint64_t{h} * w * c) {
+      why = "a raw entry whose size does not match its shape";
+    }
+  } else {
+    dl_entry_info info;
+    why = read_info(data, size, max_pixels, &info);
+    h = info.height, w = info.width, c = info.channels;
+  }
+  if (why == nullptr) *height = h, *width = w, *channels = c;
   if (reason != nullptr) *reason = why;
   return why ? DL_ENTRY_BAD : DL_ENTRY_OK;
 }

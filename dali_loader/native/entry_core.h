@@ -57,6 +57,14 @@ int dl_entry_info_of(const uint8_t* data, size_t size, uint64_t max_pixels,
 int dl_entry_decode_into(const uint8_t* data, size_t size, uint64_t max_pixels,
                          uint8_t* out, size_t out_size, const char** reason);
 
+/* The shape (height, width, channels) an entry of either form holds: a compact one's
+ * checked header (dl_entry_info_of); a raw one's ("DLRW", then height, width, channels
+ * as little-endian uint32, then exactly the pixels) once its shape is an image's, within
+ * `max_pixels` (0: 1 << 30) and its size exact. DL_ENTRY_OK, or DL_ENTRY_BAD with
+ * *reason (the outputs then untouched). The DALI operator sizes its output with it. */
+int dl_entry_shape_of(const uint8_t* data, size_t size, uint64_t max_pixels, uint32_t* height,
+                      uint32_t* width, uint32_t* channels, const char** reason);
+
 /* Decodes an entry of either form that must hold height x width x channels pixels into
  * out[0:out_size] (at least that many bytes): a compact entry ("DLZ1") as
  * dl_entry_decode_into, once its header says that shape; a raw one (formats/ready.py:

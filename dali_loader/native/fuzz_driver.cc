@@ -83,6 +83,20 @@ int main(int argc, char** argv) {
           return 3;
         }
       }
+      // dl_entry_shape_of (the DALI operator's) agrees: the same shape where it takes
+      // the entry; what it refuses never decodes below.
+      uint32_t sh = 0, sw = 0, sc = 0;
+      const char* shape_reason = nullptr;
+      const bool shaped =
+          dl_entry_shape_of(file, n, max_pixels, &sh, &sw, &sc, &shape_reason) == DL_ENTRY_OK;
+      if (shaped && (rc != DL_ENTRY_OK || sh != h || sw != w || sc != c)) {
+        fprintf(stderr, "dl_entry_shape_of took an entry the header check did not\n");
+        return 5;
+      }
+      if (!shaped && shape_reason == nullptr) {
+        fprintf(stderr, "dl_entry_shape_of refused without a reason\n");
+        return 5;
+      }
       uint32_t hash = 0;
       if (rc == DL_ENTRY_OK) {
         const size_t size = size_t{h} * w * c;
@@ -90,6 +104,14 @@ int main(int argc, char** argv) {
         rc = dl_entry_decode_as(file, n, max_pixels, h, w, c, out, size, &reason);
         if (rc == DL_ENTRY_OK) hash = crc32(out, size);
         free(out);
+        if (rc == DL_ENTRY_OK && !shaped) {
+          fprintf(stderr, "an entry dl_entry_shape_of refused decoded\n");
+          return 5;
+        }
+        if (rc != DL_ENTRY_OK && shaped && memcmp(file, "DLRW", 4) == 0) {  // n >= 16: shaped
+          fprintf(stderr, "a raw entry dl_entry_shape_of took was refused (%s)\n", reason);
+          return 5;
+        }
       }
       if (rc == DL_ENTRY_OK) {
         ok++;

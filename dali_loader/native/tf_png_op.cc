@@ -141,6 +141,7 @@ REGISTER_OP("DaliLoaderDecodeEntries")
     .Input("offsets: int64")
     .Input("shapes: int32")
     .Input("total: int64")
+    .Input("spread: int32")
     .Attr("max_pixels: int = 1073741824")
     .Attr("channels: int = 3")
     .Attr("filter: int = 1")
@@ -148,7 +149,9 @@ REGISTER_OP("DaliLoaderDecodeEntries")
     .Attr("chunk_bytes: int = 65536")
     .Output("pixels: uint8")
     .Output("ok: bool")
-    .Output("filled: string")
+    .Output("filled: uint8")
+    .Output("filled_at: int64")
+    .Output("filled_size: int64")
     .SetShapeFn([](shape_inference::InferenceContext* c) {
       shape_inference::ShapeHandle unused;
       TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 1, &unused));
@@ -156,9 +159,12 @@ REGISTER_OP("DaliLoaderDecodeEntries")
       TF_RETURN_IF_ERROR(c->WithRank(c->input(2), 1, &unused));
       TF_RETURN_IF_ERROR(c->WithRank(c->input(3), 2, &unused));
       TF_RETURN_IF_ERROR(c->WithRank(c->input(4), 0, &unused));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(5), 0, &unused));
       c->set_output(0, c->Vector(c->UnknownDim()));
       c->set_output(1, c->Vector(c->Dim(c->input(2), 0)));
-      c->set_output(2, c->Vector(c->Dim(c->input(2), 0)));
+      c->set_output(2, c->Vector(c->UnknownDim()));
+      c->set_output(3, c->Vector(c->Dim(c->input(2), 0)));
+      c->set_output(4, c->Vector(c->Dim(c->input(2), 0)));
       return absl::OkStatus();
     })
     .Doc(R"doc(
@@ -168,11 +174,15 @@ its pixels go to pixels[offsets[i]:offsets[i] + H*W*C] of a [total] uint8 output
 A compact entry ("DLZ1") is decoded; a raw one ("DLRW", its 16-byte header, then
 exactly H*W*C bytes) is copied. A PNG (a file to fill the cache from) is decoded
 by the core to `channels`, exactly as tf.io.decode_png, and written as a compact
-entry (`filter`, `level`, `chunk_bytes`) into filled[i] (empty for every other
-item, or where the entry could not be written). ok[i]: the item passed every check
+entry (`filter`, `level`, `chunk_bytes`) into filled[filled_at[i]:filled_at[i] +
+filled_size[i]] (size 0 for every other item, or where the entry could not be
+written; `filled` is one flat buffer, in TF's pooled memory, with room for each
+PNG's entry at its encode bound). ok[i]: the item passed every check
 (bounds, chunk table, zstd frames, the pixels' CRC-32; a raw entry's header and
 size; a PNG the core decodes, of shapes[i]); where not, its pixels are zeros and
 the caller replaces them (a PNG the core leaves to libpng, or a corrupt one).
+spread > 1 splits the items over that many intra-op threads, raising the calling
+thread's limit (tf.data's is one) while the op runs: for a batch that runs alone.
 )doc");
 
 // Decodes a PNG of shape (h, w, c) with the core into out[0:nbytes]; false when the
@@ -188,21 +198,15 @@ bool DecodePngAs(const uint8_t* data, size_t size, int64_t h, int64_t w, int64_t
          dl_png_decode_into(data, size, &plan, out, nbytes, &reason) == DL_PNG_OK;
 }
 
-// Writes HxWxC pixels as a compact entry into `entry` (left empty when it cannot).
-void EncodeEntry(const uint8_t* pixels, int64_t h, int64_t w, int64_t c, int filter, int level,
-                 int chunk_bytes, tstring* entry) {
-  const size_t bound = dl_entry_encode_bound(h, w, c, chunk_bytes);
-  if (bound == 0) return;
-  entry->resize_uninitialized(bound);
+// Writes HxWxC pixels as a compact entry into out[0:cap); its size, or 0 when it cannot.
+int64_t EncodeEntry(const uint8_t* pixels, int64_t h, int64_t w, int64_t c, int filter,
+                    int level, int chunk_bytes, uint8_t* out, size_t cap) {
   size_t size = 0;
   const char* reason = nullptr;
-  if (dl_entry_encode(pixels, h, w, c, filter, level, chunk_bytes,
-                      reinterpret_cast<uint8_t*>(entry->data()), bound, &size,
-                      &reason) == DL_ENTRY_OK) {
-    entry->resize(size);
-  } else {
-    entry->clear();
-  }
+  return dl_entry_encode(pixels, h, w, c, filter, level, chunk_bytes, out, cap, &size,
+                         &reason) == DL_ENTRY_OK
+             ? static_cast<int64_t>(size)
+             : 0;
 }
 
 bool IsPng(const uint8_t* data, size_t size) {
@@ -238,6 +242,11 @@ class DaliLoaderDecodeEntriesOp : public OpKernel {
     const Tensor& offsets = context->input(2);
     const Tensor& shapes = context->input(3);
     const Tensor& total_t = context->input(4);
+    const Tensor& spread_t = context->input(5);
+    OP_REQUIRES(context, TensorShapeUtils::IsScalar(spread_t.shape()),
+                absl::InvalidArgumentError(absl::StrCat("spread must be a scalar. Received: ",
+                                                        spread_t.shape().DebugString())));
+    const int spread = std::max<int32_t>(1, spread_t.scalar<int32_t>()());
     const int64_t n = offsets.NumElements();
     OP_REQUIRES(context, bounds.NumElements() == n + 1 && shapes.dim_size(0) == n &&
                              shapes.dim_size(1) == 3 && TensorShapeUtils::IsScalar(total_t.shape()),
@@ -269,10 +278,27 @@ class DaliLoaderDecodeEntriesOp : public OpKernel {
     OP_REQUIRES_OK(context, context->allocate_output(0, TensorShape({total}), &pixels));
     Tensor* ok = nullptr;
     OP_REQUIRES_OK(context, context->allocate_output(1, TensorShape({n}), &ok));
-    Tensor* filled = nullptr;
-    OP_REQUIRES_OK(context, context->allocate_output(2, TensorShape({n}), &filled));
-    auto fills = filled->flat<tstring>();
     const uint8_t* in = entries.flat<uint8_t>().data();
+    // Room for each PNG's entry at its encode bound, in one buffer from TF's allocator
+    // (pooled: no fresh pages per batch, and a zero-copy view in the store's numpy_function).
+    Tensor* filled_at = nullptr;
+    OP_REQUIRES_OK(context, context->allocate_output(3, TensorShape({n}), &filled_at));
+    Tensor* filled_size = nullptr;
+    OP_REQUIRES_OK(context, context->allocate_output(4, TensorShape({n}), &filled_size));
+    auto at = filled_at->flat<int64_t>();
+    auto sizes = filled_size->flat<int64_t>();
+    int64_t room = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      at(i) = room;
+      sizes(i) = 0;
+      if (s(i, 2) == channels_ && IsPng(in + b(i), static_cast<size_t>(b(i + 1) - b(i)))) {
+        room += static_cast<int64_t>(dl_entry_encode_bound(s(i, 0), s(i, 1), s(i, 2),
+                                                           chunk_bytes_));
+      }
+    }
+    Tensor* filled = nullptr;
+    OP_REQUIRES_OK(context, context->allocate_output(2, TensorShape({room}), &filled));
+    uint8_t* fills = filled->flat<uint8_t>().data();
     uint8_t* out = pixels->flat<uint8_t>().data();
     bool* good = ok->flat<bool>().data();
     const uint64_t limit = max_pixels_;
@@ -285,9 +311,10 @@ class DaliLoaderDecodeEntriesOp : public OpKernel {
         if (IsPng(entry, entry_size)) {
           done = s(i, 2) == channels_ && DecodePngAs(entry, entry_size, s(i, 0), s(i, 1),
                                                      s(i, 2), limit, out + o(i), nbytes);
-          if (done) {
-            EncodeEntry(out + o(i), s(i, 0), s(i, 1), s(i, 2), filter_, level_, chunk_bytes_,
-                        &fills(i));
+          const int64_t cap = (i + 1 < n ? at(i + 1) : room) - at(i);
+          if (done && cap > 0) {
+            sizes(i) = EncodeEntry(out + o(i), s(i, 0), s(i, 1), s(i, 2), filter_, level_,
+                                   chunk_bytes_, fills + at(i), static_cast<size_t>(cap));
           }
         } else {  // a compact entry decoded, a raw one copied (entry_core.h)
           const char* reason = nullptr;
@@ -300,9 +327,16 @@ class DaliLoaderDecodeEntriesOp : public OpKernel {
     };
     auto* threads = context->device()->tensorflow_cpu_worker_threads();
     // About 0.5 ms per 500x375 photo entry (a PNG to fill: about 3.5 ms): one item per
-    // shard for large images.
-    ::tensorflow::Shard(threads->num_threads, threads->workers, n, /*cost_per_unit=*/
-                        n ? std::max<int64_t>(1000, total / n) : 1, work);
+    // shard for large images. Shard() obeys the thread's limit (work_sharder.h), which
+    // `spread` raises for this call only.
+    const int64_t cost = n ? std::max<int64_t>(1000, total / n) : 1;
+    if (spread > 1) {
+      ::tensorflow::ScopedPerThreadMaxParallelism scoped(spread);
+      ::tensorflow::Shard(std::min(spread, threads->num_threads), threads->workers, n, cost,
+                          work);
+    } else {
+      ::tensorflow::Shard(threads->num_threads, threads->workers, n, cost, work);
+    }
   }
 
  private:

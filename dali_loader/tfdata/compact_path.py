@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from dali_loader.decode.dali_graph import default_num_threads
 from dali_loader.decode.spec import ImageSpec
 from dali_loader.decode.tf_kernels import resize_ready_batch
 from dali_loader.decode.tf_png import decode_entries
@@ -32,6 +33,7 @@ from dali_loader.feed.policy import EpochErrors
 from dali_loader.feed.ready import PngFill
 from dali_loader.formats import compact as compact_form
 from dali_loader.formats.ready import RAW_HEADER, raw_header
+from dali_loader.malloc import keep_read_buffers
 from dali_loader.tfdata.generators import Generators
 from dali_loader.tfdata.ready_path import (
     pixel_signature,
@@ -123,6 +125,7 @@ class _CompactEpochs(ReadyEpochs):
         self._tallies: dict[int, Any] = {}  # token -> an epoch's tally
         self._pending: dict[int, int] = {}  # token -> its batches yielded, not yet stored
         self._closing: dict[int, Any] = {}  # token -> its epoch, finished, to close when stored
+        self.calls = 1  # batches decoded at a time (`compact_dataset` sets it)
 
     def epoch(self):
         """Batches of compact entries (and of PNGs to fill from): read back to back
@@ -132,6 +135,9 @@ class _CompactEpochs(ReadyEpochs):
         epoch's token. An epoch that ends with batches still to store closes when
         the last is stored (its tally then holds their failed writes); one
         abandoned closes at once."""
+        # A fill reads each PNG's bytes on the feed's threads, as the TF path's reads do:
+        # from the heap, not a fresh mapping per file (after TF's from_generator setting).
+        keep_read_buffers()
         epoch = self.feed.epoch(*self.which)
         token = self._register(epoch.tally)
         finished = False
@@ -150,9 +156,11 @@ class _CompactEpochs(ReadyEpochs):
                 labels = epoch.labels(kept)
                 if any(versions):  # the graph stores this batch's entries (`store`)
                     self._stores(token, +1)
+                # The epoch's last batch runs alone: its op spreads it over the calls' cores.
+                spread = np.int32(self.calls if epoch.remaining == 0 else 1)
                 yield (flat, shapes, offsets, (np.zeros(len(shapes), np.int32) if labels is None
                                                else labels.astype(np.int32)),
-                       bounds, np.int64(total), paths, versions, token)
+                       bounds, np.int64(total), paths, versions, token, spread)
             finished = True
         finally:
             if not (finished and self._close_when_stored(token, epoch)):
@@ -239,20 +247,22 @@ class _CompactEpochs(ReadyEpochs):
         entry.check(part)
         return entry, part
 
-    def store(self, filled, paths, versions, token) -> np.int64:
-        """Keeps the entries the op wrote for a batch's PNGs (`ReadyCache.store`),
-        counting the fills (once the op ran: a PNG read ahead by an abandoned epoch is
-        not one) and failed writes into the batch's epoch."""
+    def store(self, filled, at, sizes, paths, versions, token) -> np.int64:
+        """Keeps the entries the op wrote for a batch's PNGs (`ReadyCache.store`; entry
+        i is `filled[at[i]:at[i] + sizes[i]]`, a view of TF's buffer, written without a
+        copy), counting the fills (once the op ran: a PNG read ahead by an abandoned
+        epoch is not one) and failed writes into the batch's epoch."""
         ready = self.feed.items.ready
         tally = self._tallies.get(int(token))
         n = 0
         try:
-            for entry, path, version in zip(filled, paths, versions):
+            for start, size, path, version in zip(at, sizes, paths, versions):
                 if not version:
                     continue
                 ready.count("fills", tally)
-                if entry and version != b"?":
-                    n += ready.store(os.fsdecode(path), version.decode(), entry, tally)
+                if size > 0 and version != b"?":
+                    entry = filled[int(start):int(start) + int(size)]
+                    n += ready.store(os.fsdecode(path), version.decode(), [entry], tally)
         finally:
             self._stores(token, -1)
         return np.int64(n)
@@ -290,21 +300,22 @@ def compact_dataset(tf, feed: Feed, spec: ImageSpec, batch_size: int | None,
     """The TF path over compact entries (and PNGs to fill from): the native op decodes
     each batch (the module's docstring), then the raw path's resize."""
     epochs = _CompactEpochs(tf, feed, which, spec)
+    epochs.calls = num_threads or default_num_threads()
     sig = (*pixel_signature(tf), tf.TensorSpec((None,), tf.int64),
            tf.TensorSpec((), tf.int64),
            tf.TensorSpec((None,), tf.string), tf.TensorSpec((None,), tf.string),
-           tf.TensorSpec((), tf.int64))
+           tf.TensorSpec((), tf.int64), tf.TensorSpec((), tf.int32))
     refill = _weakly(epochs, "refill", _loader_gone)
     store = _weakly(epochs, "store", lambda *_: np.int64(0))
 
-    def batch(entries, shapes, offsets, y, bounds, total, paths, versions, token):
-        out, ok, filled = decode_entries(entries, bounds, offsets, shapes, total,
-                                         channels=spec.channels)
+    def batch(entries, shapes, offsets, y, bounds, total, paths, versions, token, spread):
+        out, ok, filled, filled_at, filled_size = decode_entries(
+            entries, bounds, offsets, shapes, total, channels=spec.channels, spread=spread)
         # The entries the op wrote for the batch's PNGs, kept before the batch leaves.
         stored = tf.cond(
             tf.reduce_any(tf.strings.length(versions) > 0),
-            lambda: tf.numpy_function(store, [filled, paths, versions, token], tf.int64,
-                                      stateful=True),
+            lambda: tf.numpy_function(store, [filled, filled_at, filled_size, paths,
+                                              versions, token], tf.int64, stateful=True),
             lambda: tf.constant(0, tf.int64))
 
         def refilled():

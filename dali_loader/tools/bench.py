@@ -8,7 +8,8 @@ highly input-bound) and CPU utilisation (process CPU time over wall time x cores
 
 Each loader row (``loader-cpu``, ``loader-gpu``) has a ``-cached`` twin reading through the GPU-ready
 cache (``gpu_ready=True``, its own cache folder). Its cache is filled by one untimed epoch before
-the rounds (reported as ``fill_img_s``), so its rounds time cached epochs. Every row reports the CPU
+the rounds, so its rounds time cached epochs; each round also times a filling epoch of the same row
+in a fresh cache folder (``fill_img_s``: their median; ``fill_rounds_img_s``: each). Every row reports the CPU
 decodes per epoch (the seed and tuned pipelines decode every image on the CPU; the loader rows count
 them in ``epoch_stats``), and the cached rows the cache's bytes per image and against the source's.
 
@@ -246,9 +247,11 @@ def _pipelines(source: str, batch_size: int, image_size: Sequence[int],
                cache_dir: str | None, include: Sequence[str] | None,
                ready_dir: Callable[[str], str] | None = None,
                png_decoder: str | Sequence[str] | None = None
-               ) -> tuple[dict[str, Any], dict[str, str], list[Any], dict[str, str]]:
+               ) -> tuple[dict[str, Any], dict[str, str], list[Any], dict[str, str],
+                          dict[str, Callable[[str], Any]]]:
     """Builds the pipelines; returns (name -> iterable, name -> skip reason, closers,
-    name -> the PNG decoder it runs: "libpng", "wuffs").
+    name -> the PNG decoder it runs: "libpng", "wuffs", cached name -> a function that
+    builds the same row over a given empty cache folder: its fills timed).
 
     ``ready_dir(dev)`` is the cache folder of the ``loader-{dev}-cached`` row (default: a
     subfolder of ``cache_dir``, which must then be given). With several ``png_decoder`` names
@@ -262,6 +265,7 @@ def _pipelines(source: str, batch_size: int, image_size: Sequence[int],
     skipped: dict[str, str] = {}
     closers: list[Any] = []
     used: dict[str, str] = {}
+    fresh: dict[str, Callable[[str], Any]] = {}
     want = lambda n: include is None or n in include  # noqa: E731
     if want("seed"):
         pipes["seed"] = seed_pipeline(source, batch_size=batch_size, image_size=image_size)[0]
@@ -299,10 +303,16 @@ def _pipelines(source: str, batch_size: int, image_size: Sequence[int],
                     # through the GPU-ready cache, in its own folder.
                     where = (ready_dir(tag) if ready else
                              None if cache_dir is None else os.path.join(cache_dir, tag))
-                    loader = open_dataset(source, batch_size=batch_size,
-                                          image_size=tuple(image_size), shuffle=True, seed=0,
-                                          device=device, decoder=decoder, cache_dir=where,
-                                          gpu_ready=ready, png_decoder=png)
+
+                    def build(where, device=device, decoder=decoder, ready=ready, png=png):
+                        return open_dataset(source, batch_size=batch_size,
+                                            image_size=tuple(image_size), shuffle=True, seed=0,
+                                            device=device, decoder=decoder, cache_dir=where,
+                                            gpu_ready=ready, png_decoder=png)
+
+                    loader = build(where)
+                    if ready:
+                        fresh[name] = build
                     # The plan's PNG decoder (a cached row's: the one that fills its cache).
                     used[name] = loader.loader.plan.png_decoder.value
                 except Exception as exc:  # a missing loader or device must not kill the others
@@ -318,7 +328,7 @@ def _pipelines(source: str, batch_size: int, image_size: Sequence[int],
             skipped[f"loader-{tag}"] = "no GPU visible"
             if want("loader-gpu-cached") or want(f"loader-{tag}-cached") or want("loader"):
                 skipped[f"loader-{tag}-cached"] = "no GPU visible"
-    return pipes, skipped, closers, used
+    return pipes, skipped, closers, used, fresh
 
 
 def run_bench(source: str, *, step_time: float = 0.0, batch_size: int = 128,
@@ -352,8 +362,9 @@ def run_bench(source: str, *, step_time: float = 0.0, batch_size: int = 128,
     extras: dict[str, dict[str, Any]] = {}
     closers: list[Any] = []
     try:
-        pipes, skipped, closers, used = _pipelines(source, batch_size, image_size, cache_dir,
-                                                   include, ready_dir, png_decoder)
+        pipes, skipped, closers, used, fresh = _pipelines(
+            source, batch_size, image_size, cache_dir, include, ready_dir, png_decoder)
+        fills: dict[str, list[float]] = {}
         formats = sample_formats(source)
         for name in pipes:
             extras[name] = {"png_decoder": used[name],
@@ -386,6 +397,17 @@ def run_bench(source: str, *, step_time: float = 0.0, batch_size: int = 128,
                 logger.info("round %d %-17s %7.1f img/s  wait %4.1f%%  cpu %3.0f%%", r + 1,
                             name, stats.img_s, stats.input_wait_pct, stats.cpu_util_pct)
                 runs.append(stats)
+                if name in fresh:
+                    try:
+                        fills.setdefault(name, []).append(
+                            _fresh_fill(name, fresh[name], step_time, r, progress))
+                    except Exception as exc:  # noqa: BLE001 - the timed rows stand without it
+                        logger.warning("Could not time a fresh fill of %s: %s: %s", name,
+                                       type(exc).__name__, exc)
+        for name, rates in fills.items():
+            if rates:
+                extras[name].update(fill_img_s=statistics.median(rates),
+                                    fill_rounds_img_s=rates)
         for name in [n for n in pipes if n.endswith("-cached")]:
             extras[name].update(_cache_sizes(pipes[name].loader.engine))
     finally:
@@ -435,10 +457,30 @@ def sample_formats(source: str, sample: int = 32, seed: int = 0) -> dict[str, in
         return None
 
 
+def _fresh_fill(name: str, build: Callable[[str], Any], step_time: float, round_index: int,
+                progress: bool) -> float:
+    """A cached row's filling epoch, timed: the row built over a fresh, empty cache
+    folder (removed after), its first epoch. Returns its images/s."""
+    with tempfile.TemporaryDirectory(prefix="dali-bench-fill-") as folder:
+        dataset = build(folder)
+        try:
+            bar = _bar(progress, f"round {round_index + 1} fill {name}", _safe_len(dataset))
+            stats = timed_epoch(name, dataset, step_time, None, round_index,
+                                on_batch=bar.update if bar is not None else None)
+            if bar is not None:
+                bar.close()
+        finally:
+            dataset.loader.close()
+    logger.info("round %d %-17s %7.1f img/s  (filling a fresh cache)", round_index + 1, name,
+                stats.img_s)
+    return stats.img_s
+
+
 def _fill(name: str, dataset: Any, progress: bool) -> dict[str, Any]:
     """One whole, untimed-by-the-rounds epoch of a cached row: fills its cache.
 
-    Returns its ``fill_img_s`` (no step) and ``fill_cpu_decodes`` (the files it decoded).
+    Returns its ``fill_img_s`` (no step; the rounds' fresh fills replace it) and
+    ``fill_cpu_decodes`` (the files it decoded).
     """
     loader = dataset.loader
     before = _epoch_count(loader)
@@ -512,10 +554,15 @@ def results_markdown(res: dict[str, Any]) -> str:
         if plain:
             note += f" {name}/{name[: -len('-cached')]} = {base[name] / plain:.2f}x."
         if s.get("fill_img_s") is not None:
-            note += (f" {name} times cached epochs: its cache was filled first in an untimed "
-                     f"epoch at {s['fill_img_s']:.1f} img/s (no step"
-                     + ("" if s.get("fill_cpu_decodes") is None else
-                        f", {s['fill_cpu_decodes']} CPU decodes") + ").")
+            rounds = s.get("fill_rounds_img_s") or []
+            note += (f" {name} times cached epochs: its cache was filled first by an untimed "
+                     "epoch" + ("" if s.get("fill_cpu_decodes") is None else
+                                f" ({s['fill_cpu_decodes']} CPU decodes)")
+                     + f"; a filling epoch ran at {s['fill_img_s']:.1f} img/s ("
+                     + (f"median of {len(rounds)}, one per round in a fresh cache folder"
+                        if rounds else "that epoch")
+                     + (f"; {s['fill_img_s'] / plain:.2f}x {name[: -len('-cached')]}"
+                        if plain else "") + ").")
         if s.get("cache_bytes_per_image") is not None and s.get("source_bytes_per_image"):
             note += (f" Its cache holds {s['cache_bytes_per_image'] / 1024:.1f} KB per image "
                      f"against {s['source_bytes_per_image'] / 1024:.1f} KB per source file.")

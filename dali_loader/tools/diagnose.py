@@ -479,7 +479,7 @@ def _cached_kernel(image_size: Sequence[int]):
             flat = tf.io.decode_raw(data, tf.uint8)
             hwc = tf.cast(tf.bitcast(tf.reshape(flat[8:20], (3, 4)), tf.uint32), tf.int32)
             total = tf.reduce_prod(tf.cast(hwc, tf.int64))
-            pixels, _, _ = tf_png.decode_entries(flat, tf.stack([0, tf.size(flat, tf.int64)]),
+            pixels, *_ = tf_png.decode_entries(flat, tf.stack([0, tf.size(flat, tf.int64)]),
                                               tf.zeros([1], tf.int64), hwc[None], total)
             img = tf.reshape(pixels, hwc)
             img.set_shape((None, None, spec.channels))
