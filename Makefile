@@ -14,9 +14,9 @@ DALI_VERSION ?= 2.4.0
 TF_PKG ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo 'tensorflow[and-cuda]' || echo tensorflow)
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
-.PHONY: install test test-tf-floor test-fast lint fuse-lib demo gpu-check-png gpu-check-compact gpu-check-tf bench clean
+.PHONY: install test test-tf-floor test-fast lint fuse-lib demo gpu-check-png gpu-check-compact gpu-check-compact-core gpu-check-tf bench clean
 
-install: $(STAMP) $(NATIVE_LIBS)
+install: $(STAMP) $(NATIVE_LIBS) $(NATIVE_BUILD)/.gpu-build-tried
 
 $(STAMP): pyproject.toml Makefile
 	$(PY) -m venv $(VENV)
@@ -46,6 +46,13 @@ $(NATIVE_BUILD)/dl_tf_png.so: $(NATIVE_BUILD)/libdlpng.so $(NATIVE)/tf_png_op.cc
 #    under _build/; nothing installed, no CUDA toolkit).
 $(NATIVE_BUILD)/dl_dali_png.so: $(NATIVE_BUILD)/libdlpng.so $(NATIVE)/dali_png_op.cc $(NATIVE)/entry_core.h $(NATIVE)/build_dali.py
 	$(VPY) -m dali_loader.native.build_dali
+	touch $@
+
+# 7. The compact entries' GPU decode (nvCOMP + a kernel) and its DALI GPU operator, where
+#    nvcc and nvCOMP's headers are (about 20 s of nvcc); skipped, said once, where not.
+#    Never run here (no GPU): entry_decoder="gpu" asks for it (docs/gpu_ready.md).
+$(NATIVE_BUILD)/.gpu-build-tried: $(NATIVE_BUILD)/libdlpng.so $(NATIVE)/entry_gpu.cu $(NATIVE)/entry_gpu.h $(NATIVE)/dali_entry_gpu_op.cu $(NATIVE)/entry_core.h $(NATIVE)/build_gpu.py
+	$(VPY) -m dali_loader.native.build_gpu --if-possible
 	touch $@
 
 test: install fuse-lib lint
@@ -123,6 +130,14 @@ gpu-check-png: install
 gpu-check-compact: install
 	$(VPY) experimental/png_gpu_check/prepare.py
 	@echo 'run(command="bash device_checks/compact_gpu_check/run_on_device.sh", carry=["build/png_gpu_check", "dali_loader/native/_build/libdlpng.so"], timeout_s=330)'
+
+# The loader's own GPU decode of compact entries, alone (no DALI on the device machine):
+# libdlentry_gpu.so and nvCOMP's libnvcomp.so.5 to carry (device_checks/compact_gpu_check).
+gpu-check-compact-core: install
+	$(VPY) -m dali_loader.native.build_gpu
+	mkdir -p build/entry_gpu_check
+	cp $$($(VPY) -c 'import nvidia.libnvcomp, os; print(os.path.join(os.path.dirname(nvidia.libnvcomp.__file__), "lib64", "libnvcomp.so.5"))') build/entry_gpu_check/
+	@echo 'run(command="bash device_checks/compact_gpu_check/run_on_device.sh --core", carry=["build/entry_gpu_check", "dali_loader/native/_build/libdlpng.so", "dali_loader/native/_build/libdlentry_gpu.so"], timeout_s=330)'
 
 # The TF + DALI GPU check: GPU tests, local and gs:// benchmarks on the GPU path.
 gpu-check-tf: install

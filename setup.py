@@ -44,6 +44,9 @@ PIECES = (
     ("dali_loader.native.build_tf", "dl_tf_png.so", "tensorflow", "tensorflow"),
     ("dali_loader.native.build_dali", "dl_dali_png.so", "nvidia.dali", "nvidia-dali-cuda120"),
 )
+# Built where nvcc and nvCOMP are, else skipped without failing (entry_decoder="gpu" only):
+# the compact entries' GPU decode and its DALI GPU operator (build_gpu --if-possible).
+OPTIONAL = ("dali_loader.native.build_gpu", ("libdlentry_gpu.so", "dl_dali_entry_gpu.so"))
 MODES = ("auto", "require", "skip")
 
 
@@ -115,6 +118,17 @@ class BuildNative(build_ext):
             shutil.copy2(built, dest / library)
             self._outputs.append(str(dest / library))
             _log(f"{library} built into the wheel")
+        if "libdlpng.so" not in failed and _installed("nvidia.dali"):
+            module, libraries = OPTIONAL
+            _log(f"building {', '.join(libraries)} where nvcc and nvCOMP are: "
+                 f"{sys.executable} -m {module} --if-possible")
+            subprocess.run([sys.executable, "-m", module, "--if-possible"], cwd=ROOT, env=env)
+            for library in libraries:
+                built = SOURCE_BUILD_DIR / library
+                if built.is_file():
+                    dest.mkdir(parents=True, exist_ok=True)
+                    shutil.copy2(built, dest / library)
+                    self._outputs.append(str(dest / library))
         if failed and mode == "require":
             raise SystemExit(f"DL_NATIVE_BUILD=require and {', '.join(failed)} did not build "
                              "(the lines above say why). Received: "

@@ -174,6 +174,7 @@ def open_dataset(
     cache_max_bytes: int | None = None,
     gpu_ready: bool | str | None = None,
     png_decoder: str | None = None,
+    entry_decoder: str | None = None,
 ):
     """The dataset `image_dataset_from_directory` builds, for the tools to time.
 
@@ -183,11 +184,13 @@ def open_dataset(
     by `cache_max_bytes`): each file is decoded on the CPU once, when its entry
     is filled; `ds.loader.epoch_stats` counts the CPU decodes per epoch.
     `png_decoder` picks who decodes PNGs (`ds.loader.plan` names the one that
-    runs: `plan.resolve`). Every option is checked before `source` is listed.
+    runs: `plan.resolve`); `entry_decoder` who decodes the compact entries. Every
+    option is checked before `source` is listed.
     """
     options = Options(device=device, decoder=decoder, max_in_flight=max_in_flight,
                       cache_max_bytes=cache_max_bytes, gpu_ready=gpu_ready,
-                      png_decoder=png_decoder, batch_size=batch_size, shuffle=shuffle, seed=seed)
+                      entry_decoder=entry_decoder, png_decoder=png_decoder,
+                      batch_size=batch_size, shuffle=shuffle, seed=seed)
     listed = open_listed(source, options, cache_dir=cache_dir)
     try:
         return build(listed, listed.index, ImageSpec(int(image_size[0]), int(image_size[1])),

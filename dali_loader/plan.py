@@ -84,6 +84,9 @@ class DaliInput(enum.Enum):
     # GPU-ready cache entries: the pixels Keras decodes in compact entries (formats.compact),
     # decoded by the native core's DALI operator.
     READY_COMPACT = "ready-compact"
+    # The same entries copied to the GPU and decoded there (nvCOMP's batched Zstd, a
+    # kernel: `entry_decoder="gpu"`, `native/dali_entry_gpu_op.cu`).
+    READY_COMPACT_GPU = "ready-compact-gpu"
     # The files, each PNG already decoded into a raw entry (`png_stage`, Keras's
     # pixels): raw entries are reshaped, the other files decoded on the CPU (a
     # per-sample branch), then copied to the GPU.
@@ -121,6 +124,16 @@ class Handoff(str, enum.Enum):
     @property
     def plugin(self) -> bool:
         return self is not Handoff.GENERATOR
+
+
+class EntryDecoder(str, enum.Enum):
+    """Who decodes the GPU-ready cache's compact entries each epoch."""
+
+    # The native core on TF's CPU threads (the TF op) or DALI's (its CPU operator).
+    CPU = "cpu"
+    # nvCOMP's batched Zstd and an unfilter kernel on DALI's GPU (built on nvCOMP's and
+    # DALI's documented APIs; not run in this project: the plan takes it when asked).
+    GPU = "gpu"
 
 
 class Graph(str, enum.Enum):
@@ -188,6 +201,7 @@ class Options:
     decoder: str | None = None
     png_decoder: str | PngDecoder | None = None
     gpu_ready: bool | str | ReadyForm | None = None
+    entry_decoder: str | EntryDecoder | None = None
     handoff: str | Handoff | None = None
     service: str | None = None
     on_error: str = "raise"
@@ -217,6 +231,8 @@ class Environment:
         dali_gpus: CUDA devices DALI sees.
         tf_png_op: the native PNG core's TF op is built and loads.
         dali_png_op: the native PNG core's DALI operator is built and loads.
+        dali_entry_gpu_op: the compact entries' GPU decode (a DALI GPU operator) is
+            built and loads.
         wuffs: Wuffs decodes on the feed's threads (the native core, or pywuffs).
         png_core: the native PNG core itself (libdlpng) is built and loads.
         dali_tf_plugin: DALI's TF plugin (`nvidia.dali.plugin.tf`) imports.
@@ -227,14 +243,16 @@ class Environment:
         has_pngs: the index names a .png file (after listing).
     """
 
-    FACTS = ("tf_gpus", "dali_gpus", "tf_png_op", "dali_png_op", "wuffs", "png_core",
-             "dali_tf_plugin", "cores", "source_kind", "files", "has_jpegs", "has_pngs")
+    FACTS = ("tf_gpus", "dali_gpus", "tf_png_op", "dali_png_op", "dali_entry_gpu_op", "wuffs",
+             "png_core", "dali_tf_plugin", "cores", "source_kind", "files", "has_jpegs",
+             "has_pngs")
     SOURCE_FACTS = ("source_kind", "files", "has_jpegs", "has_pngs")
 
     tf_gpus: int
     dali_gpus: int
     tf_png_op: bool
     dali_png_op: bool
+    dali_entry_gpu_op: bool
     wuffs: bool
     png_core: bool
     dali_tf_plugin: bool
@@ -316,6 +334,9 @@ class Plan:
         fill_where: Where `png_fill` runs (None without the cache): the native
             core's TF op in the graph (it also writes the compact entries), or the
             feed's threads.
+        entry_decode: Who decodes the cache's compact entries each epoch (None
+            without compact entries): the native core on the CPU, or nvCOMP on
+            DALI's GPU (`entry_decoder="gpu"`).
         png_binding: How Wuffs is reached where the feed's threads decode (None
             where they do not).
         big_pngs: Where DALI's epochs decode PNGs over `BIG_PNG_PIXELS` (None off
@@ -349,6 +370,7 @@ class Plan:
     checks: tuple[Check, ...]
     graph: Graph | None = None
     fill_where: PngWhere | None = None
+    entry_decode: EntryDecoder | None = None
     decode_calls: int | None = None
     png_binding: PngBinding | None = None
     big_pngs: BigPngs | None = None
@@ -384,7 +406,8 @@ class Plan:
         """`(field, value, why)` for each decision, in the order the rules take them."""
         out = []
         for name in ("engine", "device", "device_id", "shard", "service_address",
-                     "cache_form", "png_fill", "fill_where", "handoff", "item_reader", "dali_input",
+                     "cache_form", "png_fill", "fill_where", "entry_decode", "handoff",
+                     "item_reader", "dali_input",
                      "png_epoch", "png_where", "png_binding", "big_pngs", "graph",
                      "decode_calls", "checks"):
             out.append((name, _show(getattr(self, name)), self.why.get(name, "")))
@@ -726,6 +749,39 @@ def _fill_where(d: _Draft) -> Because | None:
     return Because(PngWhere.FEED, "Wuffs on the feed's threads")
 
 
+def _entry_decode(d: _Draft) -> Because | None:
+    """The CPU core unless `entry_decoder="gpu"` asks for the GPU decode: built on
+    nvCOMP's and DALI's documented APIs, compiled where nvcc is, never run here, so
+    never a default (docs/gpu_ready.md, "The GPU decode")."""
+    asked = d.o.entry_decoder
+    if asked is not None and asked not in ("cpu", "gpu"):  # EntryDecoder is a str enum
+        raise ValueError('`entry_decoder` must be None (the native core on the CPU), "cpu" '
+                         f'or "gpu". Received: entry_decoder={asked!r}')
+    asked = None if asked is None else EntryDecoder(asked)
+    if asked is EntryDecoder.GPU:
+        if d.cache_form is not ReadyForm.COMPACT:
+            raise ValueError('entry_decoder="gpu" decodes the compact entries of '
+                             'gpu_ready=True (or "compact"). Received: entry_decoder=\'gpu\', '
+                             f"gpu_ready={d.o.gpu_ready!r}")
+        if d.engine is not Engine.DALI or d.device is not Device.GPU:
+            raise ValueError('entry_decoder="gpu" decodes on DALI\'s GPU: it needs a GPU that '
+                             'TF and DALI see (device=None or "gpu"). Received: '
+                             f"entry_decoder='gpu', device={d.device.value!r}")
+        if not d.env.dali_entry_gpu_op:
+            raise ImportError('entry_decoder="gpu" needs the GPU decode built: python -m '
+                              "dali_loader.native.build_gpu (nvcc and nvCOMP's headers; part "
+                              "of `make install` where they are). Received: entry_decoder='gpu'")
+        d.notes.append('The compact entries are decoded on the GPU (entry_decoder="gpu"): nvCOMP '
+                       "and DALI's documented APIs, not yet run on a GPU in this project "
+                       "(device_checks/compact_gpu_check checks its core).")
+        return Because(EntryDecoder.GPU, 'entry_decoder="gpu": nvCOMP\'s batched Zstd and a '
+                       "kernel on DALI's GPU")
+    if d.cache_form is not ReadyForm.COMPACT:
+        return None
+    return Because(EntryDecoder.CPU, f"entry_decoder={None if asked is None else 'cpu'!r}: "
+                   "the native core on the CPU (measured; the GPU decode is asked for)")
+
+
 def _handoff(d: _Draft) -> Handoff | Because | None:
     """The handoff for DALI's batches. None picks the host-placed plugin on the
     GPU when it holds every guarantee of the options: batched, and
@@ -838,6 +894,8 @@ def _dali_input(d: _Draft) -> DaliInput | None:
     if d.engine is not Engine.DALI:
         return None
     if d.cache_form is not None:
+        if d.entry_decode is EntryDecoder.GPU:
+            return DaliInput.READY_COMPACT_GPU
         return {ReadyForm.RAW: DaliInput.READY_RAW,
                 ReadyForm.COMPACT: DaliInput.READY_COMPACT}[d.cache_form]
     return DaliInput.FILES_OR_RAW if d.png_where is PngWhere.FEED else DaliInput.FILES
@@ -962,6 +1020,8 @@ RULES: tuple[Rule, ...] = (
     _set("png_fill", _png_fill,
          "cache fills: png_decoder as asked; None is Wuffs where installed, else libpng"),
     _set("fill_where", _fill_where, "where the cache's fills decode"),
+    _set("entry_decode", _entry_decode, 'compact entries: the native core on the CPU; nvCOMP '
+         'on DALI\'s GPU with entry_decoder="gpu"'),
     _set("handoff", _handoff,
          'DALI to tf.data: None is "plugin" on a GPU with batches and on_error="raise" or '
          'gpu_ready (where the plugin imports), else "generator"'),
@@ -1033,7 +1093,8 @@ def resolve(options: Options, env: Environment) -> Plan:
     return Plan(options=options, engine=d.engine, device=d.device, device_id=d.device_id,
                 shard=d.shard, output=options.output, item_reader=d.item_reader,
                 dali_input=d.dali_input, png_epoch=d.png_epoch, png_where=d.png_where,
-                png_fill=d.png_fill, fill_where=d.fill_where, cache_form=d.cache_form,
+                png_fill=d.png_fill, fill_where=d.fill_where, entry_decode=d.entry_decode,
+                cache_form=d.cache_form,
                 handoff=d.handoff,
                 checks=d.checks, graph=d.graph, decode_calls=d.decode_calls,
                 png_binding=d.png_binding, big_pngs=d.big_pngs, service_address=d.address,

@@ -46,6 +46,14 @@ def dali_png_op() -> bool:
     return dali_png.available()
 
 
+def dali_entry_gpu_op() -> bool:
+    """Whether the compact entries' GPU decode (a DALI GPU operator) is built and loads
+    (imports DALI)."""
+    from dali_loader.decode import dali_png
+
+    return dali_png.gpu_available()
+
+
 def wuffs() -> bool:
     """Whether Wuffs decodes on the feed's threads: the native core (ctypes) or pywuffs."""
     from dali_loader.decode.png_stage import wuffs_available
@@ -86,8 +94,8 @@ def source_kind(source: str) -> SourceKind:
 
 
 # The machine's facts, each answered by the probe of the same name in this module.
-MACHINE_FACTS = ("tf_gpus", "dali_gpus", "tf_png_op", "dali_png_op", "wuffs", "png_core",
-                 "dali_tf_plugin", "cores")
+MACHINE_FACTS = ("tf_gpus", "dali_gpus", "tf_png_op", "dali_png_op", "dali_entry_gpu_op",
+                 "wuffs", "png_core", "dali_tf_plugin", "cores")
 
 
 def environment(source_kind: SourceKind | None = None,

@@ -26,6 +26,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 LIBRARIES = ("libdlpng.so", "dl_tf_png.so", "dl_dali_png.so")
+# Built too where nvcc is (setup.py's optional piece, `build_gpu --if-possible`).
+GPU_LIBRARIES = ("libdlentry_gpu.so", "dl_dali_entry_gpu.so")
 NATIVE_CACHES = ("wuffs", "zstd", "cuda_include", "sdist")
 
 
@@ -72,7 +74,7 @@ def test_sdist_holds_the_native_sources_and_no_built_library(sdist):
     with tarfile.open(sdist) as tar:
         names = [n.split("/", 1)[1] for n in tar.getnames() if "/" in n]
     for source in ("png_core.cc", "png_core.h", "wuffs_impl.c", "tf_png_op.cc", "dali_png_op.cc",
-                   "build.py"):
+                   "entry_gpu.cu", "entry_gpu.h", "dali_entry_gpu_op.cu", "build.py"):
         assert f"dali_loader/native/{source}" in names, source
     assert "setup.py" in names
     assert not [n for n in names if "_build" in n or n.endswith(".so")]
@@ -128,7 +130,14 @@ def test_pip_install_builds_and_runs_the_native_decoder(sdist, tmp_path):
     _run([sys.executable, "-m", "pip", "install", "-q", "--no-build-isolation", "--no-deps",
           "--no-cache-dir", "--target", str(target), str(sdist)], tmp_path, env)
     built = target / "dali_loader" / "native" / "_build"
-    assert sorted(p.name for p in built.iterdir()) == sorted(LIBRARIES)
+    from dali_loader.native import build_gpu
+
+    try:
+        build_gpu.nvcc(), build_gpu.nvcomp_dirs()
+        expected = LIBRARIES + GPU_LIBRARIES
+    except build_gpu.Unavailable:
+        expected = LIBRARIES
+    assert sorted(p.name for p in built.iterdir()) == sorted(expected)
 
     rng = np.random.default_rng(0)
     for cls in ("a", "b"):

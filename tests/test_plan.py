@@ -22,6 +22,7 @@ from dali_loader.plan import (
     DaliInput,
     Device,
     Engine,
+    EntryDecoder,
     Environment,
     Graph,
     Handoff,
@@ -39,9 +40,10 @@ from dali_loader.storage.source import SourceKind
 
 LOCAL, FUSE, URL = SourceKind.LOCAL_DISK, SourceKind.NETWORK_FS, SourceKind.REMOTE
 # The machines: every native decoder built, none built, and GPUs.
-BUILT = dict(tf_png_op=True, dali_png_op=True, wuffs=True, png_core=True, dali_tf_plugin=True)
-BARE = dict(tf_png_op=False, dali_png_op=False, wuffs=False, png_core=False,
-            dali_tf_plugin=False)
+BUILT = dict(tf_png_op=True, dali_png_op=True, dali_entry_gpu_op=True, wuffs=True, png_core=True,
+             dali_tf_plugin=True)
+BARE = dict(tf_png_op=False, dali_png_op=False, dali_entry_gpu_op=False, wuffs=False,
+            png_core=False, dali_tf_plugin=False)
 CPU = dict(tf_gpus=0, dali_gpus=0, cores=4)
 GPU = dict(tf_gpus=1, dali_gpus=2, cores=16)
 
@@ -170,7 +172,17 @@ RUNS = [
     (dict(gpu_ready="raw", decoder="dali"), env(), dict(
         item_reader=ItemReader.READY_BYTES, dali_input=DaliInput.READY_RAW)),
     (dict(gpu_ready=True), env(GPU), dict(dali_input=DaliInput.READY_COMPACT,
-                                          handoff=Handoff.PLUGIN)),
+                                          handoff=Handoff.PLUGIN,
+                                          entry_decode=EntryDecoder.CPU)),
+    # The compact entries' GPU decode: only when asked (never run in this project).
+    (dict(gpu_ready=True, entry_decoder="gpu"), env(GPU), dict(
+        entry_decode=EntryDecoder.GPU, dali_input=DaliInput.READY_COMPACT_GPU,
+        item_reader=ItemReader.READY_BYTES, handoff=Handoff.PLUGIN)),
+    (dict(gpu_ready=True, entry_decoder="cpu"), env(GPU), dict(
+        entry_decode=EntryDecoder.CPU, dali_input=DaliInput.READY_COMPACT)),
+    (dict(gpu_ready="raw", entry_decoder="cpu"), env(GPU), dict(entry_decode=None)),
+    (dict(gpu_ready=True), env(), dict(entry_decode=EntryDecoder.CPU)),
+    ({}, env(), dict(entry_decode=None)),
     # tf.data service: TF's kernels on its CPU workers, TF's libpng.
     (dict(service="grpc://localhost:5050"), env(GPU), dict(
         engine=Engine.SERVICE, device=Device.CPU, item_reader=ItemReader.WORKERS,
@@ -312,6 +324,13 @@ REFUSALS = [
     (dict(png_decoder="wuffs", gpu_ready="raw"), env(built=BARE), ImportError, "pywuffs"),
     (dict(gpu_ready=True), env(built=BARE), ImportError, "native.build_tf"),
     (dict(gpu_ready=True, decoder="dali"), env(built=BARE), ImportError, "build_dali"),
+    (dict(entry_decoder="nvcomp"), env(), ValueError, "entry_decoder='nvcomp'"),
+    (dict(entry_decoder="gpu"), env(GPU), ValueError, "entry_decoder='gpu', gpu_ready=None"),
+    (dict(entry_decoder="gpu", gpu_ready="raw"), env(GPU), ValueError, "gpu_ready='raw'"),
+    (dict(entry_decoder="gpu", gpu_ready=True), env(), ValueError,
+     "entry_decoder='gpu', device='cpu'"),
+    (dict(entry_decoder="gpu", gpu_ready=True), env(GPU, dali_entry_gpu_op=False), ImportError,
+     "build_gpu"),
     (dict(handoff="plugin", decoder="dali", batch_size=None), env(), ValueError,
      "handoff='plugin', batch_size=None"),
     (dict(handoff="plugin-gpu", decoder="dali"), env(), ValueError,

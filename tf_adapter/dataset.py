@@ -136,6 +136,7 @@ def image_dataset_from_directory(
     decoder=None,
     input_context=None,
     gpu_ready=None,
+    entry_decoder=None,
     handoff=None,
     service=None,
     png_decoder=None,
@@ -174,6 +175,12 @@ def image_dataset_from_directory(
             decoded by the native core's TF op or DALI operator). "raw": the
             pixels uncompressed (about 1.7x the PNG bytes; TF's kernels, or
             DALI on its device, only reshape and resize them).
+        entry_decoder: Who decodes the compact entries each epoch: None or
+            "cpu", the native core on TF's or DALI's CPU threads (measured);
+            "gpu", on DALI's GPU with nvCOMP's batched Zstd and a kernel (on a
+            GPU that TF and DALI see, once `python -m dali_loader.native.build_gpu`
+            built it; built on nvCOMP's and DALI's documented APIs, not yet run
+            on a GPU in this project: docs/gpu_ready.md).
         handoff: How DALI's batches reach TF: None (the plugin on the GPU with
             `on_error="raise"` or `gpu_ready`, else the generator), "plugin"
             (the DALI TF plugin on the host: DALI decodes and resizes on its
@@ -225,7 +232,7 @@ def image_dataset_from_directory(
         label_mode = None
     options = Options(
         device=device, decoder=decoder, png_decoder=png_decoder, gpu_ready=gpu_ready,
-        handoff=handoff, service=service, on_error=on_error, num_threads=num_threads,
+        entry_decoder=entry_decoder, handoff=handoff, service=service, on_error=on_error, num_threads=num_threads,
         max_in_flight=max_in_flight, cache_max_bytes=cache_max_bytes, max_pixels=max_pixels,
         manifest=manifest, input_context=input_context, batch_size=batch_size,
         shuffle=shuffle, seed=seed)

@@ -291,7 +291,7 @@ class DaliBatches:
               ) -> Iterator[tuple[np.ndarray, np.ndarray | None]]:
         """Epoch `number` (default: the next), from batch `start_step` on."""
         t0 = time.perf_counter()
-        if self.input in (Input.READY_COMPACT, Input.READY_RAW):
+        if self.input in (Input.READY_COMPACT, Input.READY_COMPACT_GPU, Input.READY_RAW):
             # The cache's fills decode, encode and read on the feed's threads: buffers of
             # a photo's size from the heap, not a fresh mapping each (dali_loader.malloc;
             # measured: docs/gpu_ready.md, "The fills' memory").
@@ -358,7 +358,8 @@ class DaliBatches:
         if not culprits and not suspects:  # no file was in it: nothing to blame or skip
             raise RuntimeError(f"The DALI pipeline failed with no file in it: {err}") from err
         paths = self.feed.index.paths
-        refilled = self._refill(culprits, epoch) if self.input is Input.READY_COMPACT else {}
+        refilled = (self._refill(culprits, epoch)
+                    if self.input in (Input.READY_COMPACT, Input.READY_COMPACT_GPU) else {})
         for pos, problem in culprits.items():
             epoch.errors(CorruptImageError(paths[pos], f"the decoder failed ({problem})"))
         if not culprits and not refilled:  # together too much (memory): one file per batch

@@ -191,9 +191,16 @@ def _input_pixels(dali, encoded, spec: ImageSpec, gpu: bool, input: Input, nativ
         img = _native_or_decoded(dali, encoded, native, spec.channels, gpu)
     elif input is Input.READY_RAW:
         img = _raw_on_device(dali, encoded, gpu)
-    elif input is Input.READY_COMPACT:
-        # Compact entries: the native core's operator on DALI's CPU threads; its
-        # pixels then go to the device as raw entries' do.
+    elif input is Input.READY_COMPACT_GPU and gpu:
+        # Compact entries copied to the GPU as they are (about the PNGs' bytes) and
+        # decoded there: nvCOMP's batched Zstd, the unfilter kernel, the CRC-32 check.
+        from dali_loader.decode.dali_png import entry_decode_gpu
+
+        img = entry_decode_gpu(dali, encoded.gpu(), None)
+    elif input in (Input.READY_COMPACT, Input.READY_COMPACT_GPU):
+        # Compact entries: the native core's operator on DALI's CPU threads (also what
+        # probes a GPU graph's entries on the CPU); its pixels then go to the device
+        # as raw entries' do.
         from dali_loader.decode.dali_png import entry_decode
 
         img = entry_decode(dali, encoded, None)

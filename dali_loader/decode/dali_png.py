@@ -25,6 +25,10 @@ logger = logging.getLogger(__name__)
 
 LIBRARY = str(BUILD_DIR / "dl_dali_png.so")
 BUILD_COMMAND = build_hint("build_dali")
+# The compact entries' GPU decode (`native/dali_entry_gpu_op.cu`): a DALI GPU operator,
+# built where nvcc and nvCOMP are (`build_gpu`).
+GPU_LIBRARY = str(BUILD_DIR / "dl_dali_entry_gpu.so")
+GPU_BUILD_COMMAND = build_hint("build_gpu")
 
 # The core's envelope (why: formats.limits; the TF op's default): larger PNGs go to
 # DALI's decoder, as before. TF itself refuses PNGs of 2**29 pixels or more.
@@ -32,6 +36,7 @@ CORE_MAX_PIXELS = MAX_PIXELS
 
 _lock = threading.Lock()
 _state: dict[str, object] = {}  # "loaded": bool, "why": str (when not loaded)
+_gpu_state: dict[str, object] = {}  # the same for GPU_LIBRARY
 
 
 def load() -> bool:
@@ -92,3 +97,39 @@ def entry_decode(dali, entries, max_pixels: int | None):
                            f"{unavailable_reason()}")
     limit = ENTRY_MAX_PIXELS if max_pixels is None else int(max_pixels)
     return dali.fn.dali_loader.entry_decode(entries, max_pixels=limit)
+
+
+def gpu_available() -> bool:
+    """Whether the compact entries' GPU operator is built and loads into this DALI
+    (said at debug level where not: it is only used when asked for)."""
+    with _lock:
+        if "loaded" not in _gpu_state:
+            why = None
+            if not os.path.exists(GPU_LIBRARY):
+                why = f"{GPU_LIBRARY} is not built (build it: {GPU_BUILD_COMMAND})"
+            else:
+                dali = import_dali()
+                from nvidia.dali import plugin_manager
+
+                try:
+                    plugin_manager.load_library(GPU_LIBRARY)
+                except Exception as e:  # DALI raises RuntimeError for a library it cannot load
+                    why = (f"DALI could not load {GPU_LIBRARY} ({e}); rebuild it against this "
+                           f"DALI {dali.__version__}: {GPU_BUILD_COMMAND}")
+            _gpu_state["loaded"] = why is None
+            if why is not None:
+                _gpu_state["why"] = why
+                logger.debug("The GPU decode of compact entries is not available: %s", why)
+        return bool(_gpu_state["loaded"])
+
+
+def entry_decode_gpu(dali, entries, max_pixels: int | None):
+    """HWC uint8 pixels, on the GPU, of compact GPU-ready cache entries already on the
+    GPU (DataNode, 1-D uint8 per sample): nvCOMP's batched Zstd, the unfilter kernel
+    and the CRC-32 check (`native/entry_gpu.cu`). Raises a RuntimeError where the
+    operator does not load."""
+    if not gpu_available():
+        raise RuntimeError("The GPU decode of compact entries is not available: "
+                           f"{_gpu_state.get('why')}")
+    limit = ENTRY_MAX_PIXELS if max_pixels is None else int(max_pixels)
+    return dali.fn.dali_loader.entry_decode_gpu(entries, max_pixels=limit, device="gpu")

@@ -16,7 +16,7 @@ PIP_REBUILD = ("pip install --no-build-isolation --no-cache-dir --force-reinstal
 
 
 def build_hint(step: str) -> str:
-    """How to build one piece (`build`, `build_tf`, `build_dali`): in a checkout, and
+    """How to build one piece (`build`, `build_tf`, `build_dali`, `build_gpu`): in a checkout, and
     for a loader installed with pip."""
     return (f"python -m dali_loader.native.{step} (part of `make install` in a checkout; "
             f"a loader installed with pip: {PIP_REBUILD})")

@@ -124,8 +124,11 @@ bool shape_ok(uint32_t h, uint32_t w, uint32_t c) {
   return h > 0 && w > 0 && h < (1u << 20) && w < (1u << 20) && (c == 1 || c == 3 || c == 4);
 }
 
-const char* read_info(const uint8_t* d, size_t n, uint64_t max_pixels, dl_entry_info* info) {
-  if (d == nullptr || n < DL_ENTRY_FIXED_HEADER || memcmp(d, kMagic, 4) != 0) {
+// The header and chunk table of an entry of `n` bytes, of which d[0:avail) is at hand
+// (avail <= n); with `frames` (then avail == n) each chunk's zstd frame header too.
+const char* read_table(const uint8_t* d, size_t avail, size_t n, uint64_t max_pixels,
+                       dl_entry_info* info, bool frames) {
+  if (d == nullptr || avail > n || avail < DL_ENTRY_FIXED_HEADER || memcmp(d, kMagic, 4) != 0) {
     return "not a compact entry (no DLZ1 magic), or too short";
   }
   if (d[4] != kVersion) return "an entry version this build does not read";
@@ -153,6 +156,7 @@ const char* read_info(const uint8_t* d, size_t n, uint64_t max_pixels, dl_entry_
   }
   const uint64_t header = DL_ENTRY_FIXED_HEADER + 4ull * info->chunks;
   if (n < header) return "cut short in its chunk table";
+  if (avail < header) return "its chunk table is not at hand";
   uint64_t sum = 0;
   const uint8_t* src = d + header;
   for (uint32_t k = 0; k < info->chunks; k++) {
@@ -160,10 +164,10 @@ const char* read_info(const uint8_t* d, size_t n, uint64_t max_pixels, dl_entry_
     if (csize == 0 || csize > n - header - sum) return "a chunk runs past the end";
     const uint64_t want = k + 1 < info->chunks ? info->chunk_bytes
                                                : total - uint64_t{info->chunk_bytes} * k;
-    if (ZSTD_getFrameContentSize(src, csize) != want) {
+    if (frames && ZSTD_getFrameContentSize(src, csize) != want) {
       return "a chunk's zstd frame does not hold its bytes";
     }
-    if (ZSTD_findFrameCompressedSize(src, csize) != csize) {
+    if (frames && ZSTD_findFrameCompressedSize(src, csize) != csize) {
       return "a chunk is not exactly one zstd frame";
     }
     sum += csize;
@@ -171,6 +175,10 @@ const char* read_info(const uint8_t* d, size_t n, uint64_t max_pixels, dl_entry_
   }
   if (sum != n - header) return "bytes after the last chunk";
   return nullptr;
+}
+
+const char* read_info(const uint8_t* d, size_t n, uint64_t max_pixels, dl_entry_info* info) {
+  return read_table(d, n, n, max_pixels, info, true);
 }
 
 }  // namespace
@@ -231,6 +239,17 @@ DL_EXPORT int dl_entry_decode_into(const uint8_t* data, size_t size, uint64_t ma
       }
     }
   }
+  if (reason != nullptr) *reason = why;
+  return why ? DL_ENTRY_BAD : DL_ENTRY_OK;
+}
+
+DL_EXPORT int dl_entry_table_of(const uint8_t* head, size_t head_size, size_t entry_size,
+                                uint64_t max_pixels, dl_entry_info* info, const char** reason) {
+  dl_entry_info got;
+  const char* why = info == nullptr ? "bad arguments"
+                                    : read_table(head, head_size, entry_size, max_pixels, &got,
+                                                 false);
+  if (why == nullptr) *info = got;
   if (reason != nullptr) *reason = why;
   return why ? DL_ENTRY_BAD : DL_ENTRY_OK;
 }

@@ -57,6 +57,13 @@ int dl_entry_info_of(const uint8_t* data, size_t size, uint64_t max_pixels,
 int dl_entry_decode_into(const uint8_t* data, size_t size, uint64_t max_pixels,
                          uint8_t* out, size_t out_size, const char** reason);
 
+/* dl_entry_info_of's checks of a compact entry of `entry_size` bytes whose first
+ * `head_size` bytes are at `head` (its header and chunk table at least), without the
+ * frames' own headers: for an entry whose payload lives elsewhere (a GPU's memory, where
+ * nvCOMP's per-chunk statuses and the pixels' CRC-32 stand for them). */
+int dl_entry_table_of(const uint8_t* head, size_t head_size, size_t entry_size,
+                      uint64_t max_pixels, dl_entry_info* info, const char** reason);
+
 /* The shape (height, width, channels) an entry of either form holds: a compact one's
  * checked header (dl_entry_info_of); a raw one's ("DLRW", then height, width, channels
  * as little-endian uint32, then exactly the pixels) once its shape is an image's, within

@@ -78,6 +78,25 @@ int main(int argc, char** argv) {
         dl_entry_info info;
         rc = dl_entry_info_of(file, n, max_pixels, &info, &reason);
         h = info.height, w = info.width, c = info.channels;
+        // The GPU path's check (no frame headers) takes every entry this one takes, with
+        // the same header; cut before its chunk table, it asks for the table.
+        dl_entry_info table;
+        const char* table_reason = nullptr;
+        const int trc = dl_entry_table_of(file, n, n, max_pixels, &table, &table_reason);
+        if (rc == DL_ENTRY_OK && (trc != DL_ENTRY_OK || memcmp(&table, &info, sizeof info))) {
+          fprintf(stderr, "dl_entry_table_of refused an entry dl_entry_info_of took\n");
+          return 5;
+        }
+        if (trc != DL_ENTRY_OK && table_reason == nullptr) {
+          fprintf(stderr, "dl_entry_table_of refused without a reason\n");
+          return 5;
+        }
+        if (trc == DL_ENTRY_OK && n > DL_ENTRY_FIXED_HEADER &&
+            dl_entry_table_of(file, DL_ENTRY_FIXED_HEADER, n, max_pixels, &table,
+                              &table_reason) == DL_ENTRY_OK) {
+          fprintf(stderr, "dl_entry_table_of took an entry without its chunk table\n");
+          return 5;
+        }
         if (rc == DL_ENTRY_OK && uint64_t{w} * h > max_pixels) {
           fprintf(stderr, "an entry of %ux%u over max_pixels\n", w, h);
           return 3;

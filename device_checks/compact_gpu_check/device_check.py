@@ -125,6 +125,65 @@ class GpuDecoder:
         return img if self.dry else self.cp.asnumpy(img)
 
 
+class CoreDecoder(GpuDecoder):
+    """The loader's own GPU decode (`native/entry_gpu.cu`, what `entry_decoder="gpu"` runs
+    inside DALI) through ctypes: the entries copied to the device as they are, then
+    `dl_entry_gpu_decode` (nvCOMP's batched Zstd and CRC32 via its C API, the unfilter
+    kernel) on CuPy's stream. Needs `_build/libdlentry_gpu.so` and nvCOMP's
+    `libnvcomp.so.5` on LD_LIBRARY_PATH (run_on_device.sh --core)."""
+
+    HEAD = 4096  # entry_gpu.h's DL_GPU_HEAD
+
+    def __init__(self):
+        import ctypes
+
+        import cupy
+        import cupyx
+
+        from dali_loader.native import BUILD_DIR
+
+        class Item(ctypes.Structure):
+            _fields_ = [("entry", ctypes.c_void_p), ("size", ctypes.c_size_t),
+                        ("head", ctypes.c_void_p), ("head_size", ctypes.c_size_t),
+                        ("out", ctypes.c_void_p), ("out_size", ctypes.c_size_t)]
+
+        self.dry, self.cp, self.cupyx, self.ctypes, self.Item = False, cupy, cupyx, ctypes, Item
+        self.stream = cupy.cuda.get_current_stream()
+        self.lib = ctypes.CDLL(str(BUILD_DIR / "libdlentry_gpu.so"))
+        self.lib.dl_entry_gpu_decode.argtypes = [
+            ctypes.POINTER(Item), ctypes.c_int, ctypes.c_uint64, ctypes.c_void_p,
+            ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_char_p)]
+
+    def decode(self, host: np.ndarray, table, shape):
+        """All images' pixels, (B, H, W*C) uint8, on the device: one copy of the entries
+        to the device, then one `dl_entry_gpu_decode` (which waits for its batch)."""
+        ct, cp = self.ctypes, self.cp
+        _, _, _, _, img_off, total = table
+        dev = cp.asarray(host)
+        out = cp.empty(total, cp.uint8)
+        starts = [0] + [img_off[k + 1] for k in range(len(img_off) - 1)]
+        ends = starts[1:] + [total]
+        items = (self.Item * len(img_off))()
+        host_base = host.ctypes.data
+        for k, (a, b) in enumerate(self.bounds):  # host()'s, for this batch
+            items[k] = self.Item(dev.data.ptr + a, b - a, host_base + a, min(b - a, self.HEAD),
+                                 out.data.ptr + starts[k], ends[k] - starts[k])
+        bad, why = ct.c_int(), ct.c_char_p()
+        if self.lib.dl_entry_gpu_decode(items, len(img_off), 0, self.stream.ptr,
+                                        ct.byref(bad), ct.byref(why)):
+            raise RuntimeError(f"dl_entry_gpu_decode refused item {bad.value}: "
+                               f"{(why.value or b'').decode()}")
+        return out.reshape(len(img_off), shape[0], -1)
+
+    def host(self, entries: list[bytes]) -> np.ndarray:
+        """The entries back to back in pinned host memory (their bounds kept)."""
+        at, self.bounds = 0, []
+        for e in entries:
+            self.bounds.append((at, at + len(e)))
+            at += len(e)
+        return super().host(entries)
+
+
 def cpu_rate(fn, items, threads: int) -> float:
     """Images/s of `fn` over `items` on a pool of `threads` (best of 3)."""
     best = 0.0
@@ -141,16 +200,20 @@ def main() -> int:
     parser.add_argument("--images", type=int, default=1024)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--dry-run", action="store_true")
+    parser.add_argument("--core", action="store_true",
+                        help="decode with the loader's own GPU core (libdlentry_gpu.so, "
+                             "nvCOMP's C API) instead of nvCOMP's Python API and CuPy")
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
     args = parser.parse_args()
     n = min(args.images, 64) if args.dry_run else args.images
-    report: dict = {"images": n, "dry_run": args.dry_run, "batches": {}}
-    out_path = os.path.join(args.out, "compact_gpu_check.json")
+    report: dict = {"images": n, "dry_run": args.dry_run, "core": args.core, "batches": {}}
+    out_path = os.path.join(args.out, "compact_gpu_check_core.json" if args.core
+                            else "compact_gpu_check.json")
     if not compact.available():
         print(f"the native core does not load: {compact.BUILD_HINT}")
         return 2
     try:
-        gpu = GpuDecoder(args.dry_run)
+        gpu = CoreDecoder() if args.core else GpuDecoder(args.dry_run)
     except Exception as e:  # no driver, no nvCOMP, no CuPy
         print(f"could not start the GPU decoder: {e!r}")
         return 2
