@@ -39,30 +39,38 @@ _state: dict[str, object] = {}  # "loaded": bool, "why": str (when not loaded)
 _gpu_state: dict[str, object] = {}  # the same for GPU_LIBRARY
 
 
+def _load_once(state: dict[str, object], library: str, command: str) -> str | None:
+    """Loads `library` into DALI once per process (under `_lock`); why not, or None."""
+    if "loaded" in state:
+        return None if state["loaded"] else str(state["why"])
+    why = None
+    if not os.path.exists(library):
+        why = f"{library} is not built (build it: {command})"
+    else:
+        dali = import_dali()
+        from nvidia.dali import plugin_manager
+
+        try:
+            plugin_manager.load_library(library)
+        except Exception as e:  # DALI raises RuntimeError for a library it cannot load
+            why = (f"DALI could not load {library} ({e}); rebuild it against this DALI "
+                   f"{dali.__version__}: {command}")
+    state["loaded"] = why is None
+    if why is not None:
+        state["why"] = why
+    return why
+
+
 def load() -> bool:
     """Loads the operator into DALI once per process; False (and why, logged once)
     where it is not built or DALI refuses it."""
     with _lock:
-        if "loaded" in _state:
-            return bool(_state["loaded"])
-        why = None
-        if not os.path.exists(LIBRARY):
-            why = f"{LIBRARY} is not built (build it: {BUILD_COMMAND})"
-        else:
-            dali = import_dali()
-            from nvidia.dali import plugin_manager
-
-            try:
-                plugin_manager.load_library(LIBRARY)
-            except Exception as e:  # DALI raises RuntimeError for a library it cannot load
-                why = (f"DALI could not load {LIBRARY} ({e}); rebuild it against this DALI "
-                       f"{dali.__version__}: {BUILD_COMMAND}")
-        _state["loaded"] = why is None
-        if why is not None:
-            _state["why"] = why
-            logger.warning("The native PNG decoder for DALI is not available: %s. PNGs on the "
-                           "DALI path are decoded by DALI's decoder (libpng).", why)
-        return why is None
+        first = "loaded" not in _state
+        why = _load_once(_state, LIBRARY, BUILD_COMMAND)
+    if why is not None and first:
+        logger.warning("The native PNG decoder for DALI is not available: %s. PNGs on the "
+                       "DALI path are decoded by DALI's decoder (libpng).", why)
+    return why is None
 
 
 def available() -> bool:
@@ -103,24 +111,11 @@ def gpu_available() -> bool:
     """Whether the compact entries' GPU operator is built and loads into this DALI
     (said at debug level where not: it is only used when asked for)."""
     with _lock:
-        if "loaded" not in _gpu_state:
-            why = None
-            if not os.path.exists(GPU_LIBRARY):
-                why = f"{GPU_LIBRARY} is not built (build it: {GPU_BUILD_COMMAND})"
-            else:
-                dali = import_dali()
-                from nvidia.dali import plugin_manager
-
-                try:
-                    plugin_manager.load_library(GPU_LIBRARY)
-                except Exception as e:  # DALI raises RuntimeError for a library it cannot load
-                    why = (f"DALI could not load {GPU_LIBRARY} ({e}); rebuild it against this "
-                           f"DALI {dali.__version__}: {GPU_BUILD_COMMAND}")
-            _gpu_state["loaded"] = why is None
-            if why is not None:
-                _gpu_state["why"] = why
-                logger.debug("The GPU decode of compact entries is not available: %s", why)
-        return bool(_gpu_state["loaded"])
+        first = "loaded" not in _gpu_state
+        why = _load_once(_gpu_state, GPU_LIBRARY, GPU_BUILD_COMMAND)
+    if why is not None and first:
+        logger.debug("The GPU decode of compact entries is not available: %s", why)
+    return why is None
 
 
 def entry_decode_gpu(dali, entries, max_pixels: int | None):

@@ -18,6 +18,8 @@ core, found next to the op through `$ORIGIN`), or `core_objects()` (link it in).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import argparse
 import hashlib
 import logging
@@ -255,12 +257,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sanitize", action="store_true",
                         help="also build the ASan + UBSan fuzz driver (_build/asan/fuzz_driver)")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    try:
+
+    def step() -> None:
         logger.info("built %s", build())
         if args.sanitize:
             logger.info("built %s", sanitizer_driver())
-    except (RuntimeError, FileNotFoundError) as e:
+
+    return run_step(step)
+
+
+def run_step(step: Callable[[], object], skip: tuple[type[BaseException], ...] = ()) -> int:
+    """A build module's command line: logs to stderr, runs `step`, and returns the exit
+    status: 0 when it built, or raised one of `skip` (said at info level: nothing to build
+    here); 1 when it failed (said why)."""
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    try:
+        step()
+    except skip as e:
+        logger.info("%s", e)
+    except (RuntimeError, ImportError, FileNotFoundError) as e:
         logger.error("%s", e)
         return 1
     return 0

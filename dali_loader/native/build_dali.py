@@ -139,13 +139,7 @@ def build(output: str = OP_LIBRARY, cxx: str | None = None) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    try:
-        build()
-    except (RuntimeError, ImportError, FileNotFoundError) as e:
-        logger.error("%s", e)
-        return 1
-    return 0
+    return core_build.run_step(build)
 
 
 if __name__ == "__main__":

@@ -39,7 +39,10 @@ ARCHS = ("75", "80", "86", "89", "90")
 
 
 class Unavailable(RuntimeError):
-    """What the build needs is not here (no nvcc, no nvCOMP)."""
+    """What the build needs is not here (no nvcc, no nvCOMP, no DALI)."""
+
+    def __init__(self, missing: str):
+        super().__init__(f"The GPU decode of compact entries is not built: {missing}.")
 
 
 def nvcc() -> str:
@@ -110,17 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--if-possible", action="store_true",
                         help="skip (exit 0) where nvcc, nvCOMP or DALI is missing")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    try:
-        build()
-    except Unavailable as e:
-        logger.log(logging.INFO if args.if_possible else logging.ERROR,
-                   "The GPU decode of compact entries is not built: %s.", e)
-        return 0 if args.if_possible else 1
-    except (RuntimeError, FileNotFoundError) as e:
-        logger.error("%s", e)
-        return 1
-    return 0
+    return core_build.run_step(build, skip=(Unavailable,) if args.if_possible else ())
 
 
 if __name__ == "__main__":

@@ -44,6 +44,14 @@ inline uint32_t le32(const uint8_t* p) {
 
 inline size_t round_up(size_t v, size_t a) { return a > 1 ? (v + a - 1) / a * a : v; }
 
+// Element j of an array of T that starts at `base` (bytes copied back from the device).
+template <typename T>
+T At(const uint8_t* base, size_t j) {
+  T v;
+  memcpy(&v, base + j * sizeof(T), sizeof v);
+  return v;
+}
+
 // Copies chunk j (one block each) from src[j] to dst[j]: bytes[j] bytes.
 __global__ void Gather(const uint8_t* const* src, uint8_t* const* dst, const size_t* bytes,
                        size_t n) {
@@ -317,22 +325,16 @@ DL_EXPORT int dl_entry_gpu_decode(const dl_gpu_entry* items, int n, uint64_t max
   if (e == cudaSuccess) e = cudaStreamSynchronize(stream);
   if (e != cudaSuccess) return CudaFail(e, "copying the batch's statuses back", reason);
   auto got = [&](size_t at) { return back.data() + (at - in_end); };
-  for (size_t j = 0; j < chunks; ++j) {
-    size_t actual;
-    nvcompStatus_t status;
-    memcpy(&actual, got(actual_at) + j * sizeof(size_t), sizeof actual);
-    memcpy(&status, got(status_at) + j * sizeof(nvcompStatus_t), sizeof status);
-    if (status != nvcompSuccess || actual != out_bytes[j]) {
+  for (size_t j = 0; j < chunks; ++j) {  // every chunk decoded to its own size
+    if (At<nvcompStatus_t>(got(status_at), j) != nvcompSuccess ||
+        At<size_t>(got(actual_at), j) != out_bytes[j]) {
       *bad = chunk_item[j];
       return Fail("a chunk nvCOMP's Zstd could not decode to its size", reason);
     }
   }
-  for (size_t k = 0; k < m; ++k) {
-    uint32_t crc;
-    nvcompStatus_t status;
-    memcpy(&crc, got(crc_at) + k * sizeof(uint32_t), sizeof crc);
-    memcpy(&status, got(crcst_at) + k * sizeof(nvcompStatus_t), sizeof status);
-    if (status != nvcompSuccess || crc != want_crc[k]) {
+  for (size_t k = 0; k < m; ++k) {  // every image's pixels are the header's
+    if (At<nvcompStatus_t>(got(crcst_at), k) != nvcompSuccess ||
+        At<uint32_t>(got(crc_at), k) != want_crc[k]) {
       *bad = image_item[k];
       return Fail("pixels whose CRC-32 differs from the header's", reason);
     }
