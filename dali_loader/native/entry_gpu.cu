@@ -6,9 +6,11 @@
 //   2. a gather kernel copies every frame to an offset nvCOMP's input alignment allows
 //      (an entry packs its frames back to back);
 //   3. nvcompBatchedZstdDecompressAsync decodes every chunk of the batch in one call,
-//      straight into the images;
-//   4. a kernel undoes the filter ("Up": a running sum down each byte column, one thread
-//      per column; "Sub": along each row);
+//      into a staging buffer laid out for nvCOMP's output alignment (an image in a
+//      caller's batch may start anywhere);
+//   4. a kernel undoes the filter from the staging buffer into the caller's images
+//      ("Up": a running sum down each byte column, one thread per column; "Sub": along
+//      each row; none: a copy);
 //   5. nvcompBatchedCRC32Async checks each image against its header's CRC-32;
 //   6. the per-chunk statuses and sizes and the CRCs come back to the host: any
 //      mismatch fails the batch, naming the entry (never wrong pixels).
@@ -34,7 +36,8 @@ namespace {
 thread_local std::string t_message;
 
 struct Image {
-  uint8_t* p;
+  const uint8_t* src;  // the filtered bytes (staging)
+  uint8_t* p;          // the caller's pixels
   uint32_t h, row, c, filter;
 };
 
@@ -62,23 +65,29 @@ __global__ void Gather(const uint8_t* const* src, uint8_t* const* dst, const siz
   }
 }
 
-// Undoes each image's filter in place; image blockIdx.y + first.
+// Undoes each image's filter from its staging bytes into its pixels; image
+// blockIdx.y + first.
 __global__ void Unfilter(const Image* images, int first) {
   const Image im = images[first + blockIdx.y];
   const uint32_t step = gridDim.x * blockDim.x;
-  if (im.filter == DL_FILTER_UP) {
-    for (uint32_t x = blockIdx.x * blockDim.x + threadIdx.x; x < im.row; x += step) {
-      uint8_t acc = im.p[x];
-      for (uint32_t r = 1; r < im.h; ++r) {
-        uint8_t* q = im.p + size_t{r} * im.row + x;
-        acc = static_cast<uint8_t>(acc + *q);
-        *q = acc;
+  if (im.filter == DL_FILTER_SUB) {  // along each row: one thread per row
+    for (uint32_t r = blockIdx.x * blockDim.x + threadIdx.x; r < im.h; r += step) {
+      const uint8_t* s = im.src + size_t{r} * im.row;
+      uint8_t* q = im.p + size_t{r} * im.row;
+      for (uint32_t j = 0; j < im.row; ++j) {
+        q[j] = static_cast<uint8_t>(j < im.c ? s[j] : s[j] + q[j - im.c]);
       }
     }
-  } else if (im.filter == DL_FILTER_SUB) {
-    for (uint32_t r = blockIdx.x * blockDim.x + threadIdx.x; r < im.h; r += step) {
-      uint8_t* q = im.p + size_t{r} * im.row;
-      for (uint32_t j = im.c; j < im.row; ++j) q[j] = static_cast<uint8_t>(q[j] + q[j - im.c]);
+    return;
+  }
+  // Up (a running sum down each byte column) or none (a copy): one thread per column.
+  const bool up = im.filter == DL_FILTER_UP;
+  for (uint32_t x = blockIdx.x * blockDim.x + threadIdx.x; x < im.row; x += step) {
+    uint8_t acc = 0;
+    for (uint32_t r = 0; r < im.h; ++r) {
+      const size_t at = size_t{r} * im.row + x;
+      acc = static_cast<uint8_t>(up ? acc + im.src[at] : im.src[at]);
+      im.p[at] = acc;
     }
   }
 }
@@ -186,12 +195,11 @@ DL_EXPORT int dl_entry_gpu_decode(const dl_gpu_entry* items, int n, uint64_t max
     }
     dl_entry_info info;
     dl_entry_table_of(it.head, it.head_size, it.size, max_pixels, &info, nullptr);
-    if (info.chunk_bytes % align.output != 0 ||
-        reinterpret_cast<uintptr_t>(it.out) % align.output != 0) {
+    if (info.chunk_bytes % align.output != 0) {
       *bad = i;
-      return Fail("chunks that nvCOMP cannot write in place (their size or the output's "
-                  "alignment)", reason);
+      return Fail("chunks whose size nvCOMP's output alignment does not allow", reason);
     }
+    const size_t image_at = round_up(total_out, std::max<size_t>(align.output, 256));
     size_t at = DL_ENTRY_FIXED_HEADER + 4 * size_t{info.chunks};
     for (uint32_t k = 0; k < info.chunks; ++k) {
       const size_t csize = le32(it.head + DL_ENTRY_FIXED_HEADER + 4 * size_t{k});
@@ -200,17 +208,19 @@ DL_EXPORT int dl_entry_gpu_decode(const dl_gpu_entry* items, int n, uint64_t max
       src.push_back(it.entry + at);
       comp_bytes.push_back(csize);
       out_bytes.push_back(filtered);
-      out_at.push_back(it.out + size_t{info.chunk_bytes} * k);
+      out_at.push_back(reinterpret_cast<uint8_t*>(image_at + size_t{info.chunk_bytes} * k));
       stage_at.push_back(stage_bytes);
       chunk_item.push_back(i);
       stage_bytes = round_up(stage_bytes + csize, std::max<size_t>(align.input, 16));
       max_chunk = std::max(max_chunk, filtered);
       at += csize;
     }
-    images.push_back({it.out, h, w * c, c, info.filter});
+    // `src` and `out_at` hold offsets in the staging buffer until its address is known.
+    images.push_back({reinterpret_cast<const uint8_t*>(image_at), it.out, h, w * c, c,
+                      info.filter});
     want_crc.push_back(info.crc32);
     image_item.push_back(i);
-    total_out += total;
+    total_out = image_at + total;
     max_image = std::max(max_image, total);
   }
   const size_t chunks = src.size(), m = images.size();
@@ -219,8 +229,9 @@ DL_EXPORT int dl_entry_gpu_decode(const dl_gpu_entry* items, int n, uint64_t max
     return e == cudaSuccess ? DL_ENTRY_OK : CudaFail(e, "cudaStreamSynchronize", reason);
   }
 
-  // The device blob: [stage][rows in][results out], each array 16-byte aligned.
-  size_t off = round_up(stage_bytes, 256);
+  // The device blob: [filtered bytes][frames][rows in][results out], aligned.
+  const size_t frames_at = round_up(total_out, 256);
+  size_t off = round_up(frames_at + stage_bytes, 256);
   const size_t in_at = off;
   auto place = [&off](size_t bytes) {
     const size_t at = off;
@@ -250,10 +261,14 @@ DL_EXPORT int dl_entry_gpu_decode(const dl_gpu_entry* items, int n, uint64_t max
     if (bytes != 0) memcpy(rows.data() + (at - in_at), data, bytes);
   };
   std::vector<uint8_t*> dst(chunks);
-  for (size_t j = 0; j < chunks; ++j) dst[j] = blob + stage_at[j];
+  for (size_t j = 0; j < chunks; ++j) {
+    dst[j] = blob + frames_at + stage_at[j];
+    out_at[j] = blob + reinterpret_cast<uintptr_t>(out_at[j]);  // offset -> address
+  }
   std::vector<void*> crc_ptrs(m);
   std::vector<size_t> crc_bytes(m);
   for (size_t k = 0; k < m; ++k) {
+    images[k].src = blob + reinterpret_cast<uintptr_t>(images[k].src);
     crc_ptrs[k] = images[k].p;
     crc_bytes[k] = size_t{images[k].h} * images[k].row;
   }
