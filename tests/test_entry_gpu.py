@@ -131,3 +131,29 @@ def test_gpu_decode_matches_the_cpu_core_on_the_dali_path(photo_tree, tmp_path):
     for _ in range(2):
         np.testing.assert_array_equal(np.concatenate([x.numpy() for x, _ in gpu]), ref)
     assert os.path.isdir(tmp_path / "cache")
+
+
+def test_a_failed_gpu_build_never_fails_make_install(tmp_path, monkeypatch):
+    """`build_gpu --if-possible` (make install, pip): a compiler that fails is a warning,
+    exit 0, and a stale operator from an earlier build is removed (never loaded); without
+    the flag the same failure is exit 1. Runs without a GPU or nvcc (a stand-in fails)."""
+    pytest.importorskip("nvidia.dali")
+    from dali_loader.native import build_gpu
+
+    try:
+        build_gpu.nvcomp_dirs()
+    except build_gpu.Unavailable as e:
+        pytest.skip(str(e))
+    nvcc = tmp_path / "cuda" / "bin" / "nvcc"
+    nvcc.parent.mkdir(parents=True)
+    nvcc.write_text("#!/bin/sh\necho 'nvcc: this compiler fails' >&2\nexit 1\n")
+    nvcc.chmod(0o755)
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path / "cuda"))
+    monkeypatch.setattr(build_gpu, "CORE_LIBRARY", str(tmp_path / "libdlentry_gpu.so"))
+    stale = tmp_path / "dl_dali_entry_gpu.so"
+    monkeypatch.setattr(build_gpu, "OP_LIBRARY", str(stale))
+    stale.write_bytes(b"an earlier build")
+    assert build_gpu.main([]) == 1
+    assert stale.exists()
+    assert build_gpu.main(["--if-possible"]) == 0
+    assert not stale.exists()
