@@ -126,7 +126,8 @@ def decode_entries(entries, bounds, offsets, shapes, total, channels: int = 3,
     Returns `(pixels, ok, filled, filled_at, filled_size)`: ok[i] False where the core
     refused item i (its pixels then zeros, for the caller to replace); the new entry of
     a PNG is `filled[filled_at[i]:filled_at[i] + filled_size[i]]` (size 0 for every
-    other item): one flat buffer in TF's pooled memory, viewed without a copy.
+    other item): one flat buffer in TF's pooled memory, viewed without a copy; the
+    bytes between entries are never written (read only the entries).
     `spread` > 1: the batch's items are split over that many of TF's intra-op threads
     whatever tf.data's per-thread limit (one, by default): for a batch that runs alone,
     an epoch's last."""

@@ -177,7 +177,8 @@ by the core to `channels`, exactly as tf.io.decode_png, and written as a compact
 entry (`filter`, `level`, `chunk_bytes`) into filled[filled_at[i]:filled_at[i] +
 filled_size[i]] (size 0 for every other item, or where the entry could not be
 written; `filled` is one flat buffer, in TF's pooled memory, with room for each
-PNG's entry at its encode bound). ok[i]: the item passed every check
+PNG's entry at its encode bound; the bytes past each entry's size are not written:
+read only the entries). ok[i]: the item passed every check
 (bounds, chunk table, zstd frames, the pixels' CRC-32; a raw entry's header and
 size; a PNG the core decodes, of shapes[i]); where not, its pixels are zeros and
 the caller replaces them (a PNG the core leaves to libpng, or a corrupt one).
